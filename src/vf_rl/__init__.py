@@ -1,0 +1,26 @@
+"""vf-rl: asynchronous RL for language models on one machine.
+
+    from vf_rl import RLTrainer, RLConfig, load_environment
+
+``RLTrainer`` and ``RLConfig`` import torch and transformers; they are loaded on first use
+so that the launcher (``vf-rl``) starts instantly.
+"""
+
+from vf_rl.envs import (Environment, Parser, Rollout, Rubric, SingleTurnEnv, Turn, XMLParser,
+                        builtin_environments, load_environment)
+
+__version__ = "0.1.0"
+__all__ = ["RLTrainer", "RLConfig", "load_environment", "builtin_environments", "Environment", "SingleTurnEnv",
+           "Rollout", "Turn", "Rubric", "Parser", "XMLParser"]
+
+
+def __getattr__(name: str):
+    if name == "RLTrainer":
+        from vf_rl.trainer.trainer import RLTrainer
+
+        return RLTrainer
+    if name == "RLConfig":
+        from vf_rl.config.rl_config import RLConfig
+
+        return RLConfig
+    raise AttributeError(f"module 'vf_rl' has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""Command-line entry points: vf-rl (launcher), vf-train, vf-vllm."""

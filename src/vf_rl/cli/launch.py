@@ -1,0 +1,210 @@
+"""vf-rl: one TOML file -> a tmux session with an "Inference" pane (vf-vllm) and a "Trainer"
+pane (vf-train).
+
+    vf-rl @ config.toml [-s SESSION] [--dry-run] [--wait]
+    vf-rl prepare-model [--out DIR]
+
+GPUs are assigned contiguously: inference gets the first ``inference.gpus`` visible devices,
+the trainer the next ``trainer.gpus``; ``gpus = 0`` runs that side on the CPU. Each pane's
+output is also written to ``<output_dir>/logs/{inference,trainer}.log``. When the trainer
+ends, its exit status goes to ``<output_dir>/logs/trainer.exit`` and the inference server is
+stopped. ``--wait`` (for scripts) blocks until then and exits with the trainer's status.
+
+This module imports neither torch nor vLLM, so configuration errors are reported at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vf_rl.config.schema import ConfigError, VfRlConfig, load_config, parse_at_args
+
+EXIT_BAD_INPUT = 2
+
+
+@dataclass
+class PaneCommand:
+    """A pane's title, environment additions and argv."""
+
+    title: str
+    env: dict[str, str]
+    argv: list[str]
+
+    def shell(self, log: Path, exit_file: Path | None = None, after: str = "") -> str:
+        """The bash line the pane runs: env, the command teed to ``log``, exit status saved."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        line = f"env {env} {shlex.join(self.argv)} 2>&1 | tee {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
+        if exit_file is not None:
+            line += f"; echo $code > {shlex.quote(str(exit_file))}"
+        return line + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\""
+
+
+def inference_flags(args: dict) -> list[str]:
+    """``[inference.args]`` -> flags: ``key`` -> ``--kebab-case``; ``true`` -> bare flag;
+    ``false`` -> omitted; lists -> the flag once with every value; others -> ``--flag value``."""
+    flags = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            import json
+
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def visible_gpus() -> list[str] | None:
+    """GPU ids visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else those nvidia-smi
+    lists, else ``None`` (unknown: no driver here)."""
+    if "CUDA_VISIBLE_DEVICES" in os.environ:
+        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    if shutil.which("nvidia-smi"):
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+        if out.returncode == 0:
+            return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
+    return None
+
+
+def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tuple[PaneCommand, PaneCommand]:
+    """The two pane commands for ``config``.
+
+    Args:
+        gpus: the visible GPU ids to hand out (contiguously, inference first).
+    """
+    n_inf, n_train = config.inference.gpus, config.trainer.gpus
+    inf_gpus, train_gpus = gpus[:n_inf], gpus[n_inf:n_inf + n_train]
+    targs = config.trainer.args
+    iargs = dict(config.inference.args)
+    iargs.setdefault("port", targs.get("vllm_server_port", 8000))
+    if "host" not in iargs and "vllm_server_host" in targs:
+        iargs["host"] = targs["vllm_server_host"]
+    if n_inf > 1:
+        iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
+    inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1"},
+                            ["vf-vllm", "--model", config.model, *inference_flags(iargs)])
+    train_argv = ["vf-train", "@", str(config_path)]
+    if n_train > 1:
+        train_argv = ["accelerate", "launch", "--num_processes", str(n_train), "-m", "vf_rl.cli.train",
+                      "@", str(config_path)]
+    trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1"},
+                          train_argv)
+    return inference, trainer
+
+
+def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool) -> list[str]:
+    """The GPU ids to hand out; an error (a warning on a dry run) if too few are visible."""
+    needed = config.inference.gpus + config.trainer.gpus
+    if gpus is None:
+        gpus = []
+    if needed > len(gpus):
+        message = f"the config asks for {needed} GPUs (inference.gpus + trainer.gpus) but {len(gpus)} are visible"
+        if not dry_run:
+            raise ConfigError(message)
+        print(f"warning: {message}", file=sys.stderr)
+        gpus = gpus + [str(i) for i in range(len(gpus), needed)]
+    return gpus
+
+
+def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool) -> int:
+    """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
+    import libtmux
+
+    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=False))
+    logs = (config.output_dir / "logs").resolve()
+    logs.mkdir(parents=True, exist_ok=True)
+    exit_file = logs / "trainer.exit"
+    exit_file.unlink(missing_ok=True)
+    server = libtmux.Server()
+    if server.has_session(session_name):
+        server.kill_session(session_name)
+    session = server.new_session(session_name, window_name="vf-rl", attach=False, x=220, y=60,
+                                 start_directory=str(Path.cwd()))
+    window = session.active_window
+    top = window.active_pane
+    bottom = top.split(direction=libtmux.constants.PaneDirection.Below, start_directory=str(Path.cwd()))
+    window.set_option("pane-border-status", "top")
+    for pane, cmd in ((top, inference), (bottom, trainer)):
+        pane.cmd("select-pane", "-T", cmd.title)
+    stop_server = f"tmux send-keys -t {top.pane_id} C-c"
+    top.send_keys(inference.shell(logs / "inference.log"))
+    bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=stop_server))
+    print(f"vf-rl: tmux session '{session_name}' started (logs in {logs})")
+    if wait:
+        return wait_for_trainer(server, session_name, exit_file)
+    if sys.stdout.isatty() and not os.environ.get("TMUX"):
+        session.attach()
+    elif sys.stdout.isatty():
+        print(f"vf-rl: already inside tmux; switch with: tmux switch-client -t {session_name}")
+    return 0
+
+
+def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2.0) -> int:
+    """Block until the trainer pane writes its exit status; then close the session."""
+    while not exit_file.exists() or not exit_file.read_text().strip():
+        if not server.has_session(session_name):
+            print("vf-rl: the tmux session ended before the trainer finished", file=sys.stderr)
+            return 1
+        time.sleep(poll)
+    code = int(exit_file.read_text().strip())
+    time.sleep(poll)  # let the inference server shut down on its Ctrl-C
+    if server.has_session(session_name):
+        server.kill_session(session_name)
+    print(f"vf-rl: trainer exited with status {code}")
+    return code
+
+
+def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
+    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=True))
+    print(f"tmux session: {session_name}")
+    for cmd in (inference, trainer):
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
+        print(f"[{cmd.title}] {env} {shlex.join(cmd.argv)}")
+    print("trainer args:")
+    for key, value in config.trainer.args.items():
+        print(f"  {key} = {value!r}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["prepare-model"]:
+        from vf_rl.cli.prepare_model import main as prepare_main
+
+        return prepare_main(argv[1:])
+    try:
+        config_path, rest = parse_at_args(argv, "vf-rl")
+        parser = argparse.ArgumentParser(prog="vf-rl @ config.toml", description=__doc__.splitlines()[0])
+        parser.add_argument("-s", "--session", default="vf-rl", help="tmux session name (default: vf-rl)")
+        parser.add_argument("--dry-run", action="store_true", help="validate and print the pane commands; start nothing")
+        parser.add_argument("--wait", action="store_true",
+                            help="block until the trainer ends; exit with its status (for scripts and CI)")
+        opts = parser.parse_args(rest)
+        config = load_config(config_path)
+        if opts.dry_run:
+            return dry_run(config, config_path, opts.session)
+        if shutil.which("tmux") is None:
+            raise ConfigError("tmux is not installed (Debian/Ubuntu: sudo apt-get install tmux; macOS: brew install tmux)")
+        return launch(config, config_path, opts.session, opts.wait)
+    except ConfigError as exc:
+        print(f"vf-rl: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

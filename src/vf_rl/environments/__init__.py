@@ -1,0 +1,1 @@
+"""Built-in environments. Each submodule exposes ``load_environment(**kwargs)``."""

@@ -1,0 +1,196 @@
+"""Environments: a dataset, rollout logic against an OpenAI-compatible server, and a rubric.
+
+The trainer needs exactly three things from an environment: its training rows
+(``get_dataset``), ``generate`` (rollouts for a list of rows, with the token ids and
+sampling log-probs the server reported), and the scores that ``generate`` attaches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .parsers import Messages, Parser
+from .rubric import Rubric
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Turn:
+    """One model call of a rollout, exactly as the server tokenised and sampled it.
+
+    Attributes:
+        prompt_ids: the full templated prompt, ``len = P`` token ids.
+        completion_ids: the sampled tokens (the final stop token included), ``len = C``.
+        completion_logprobs: log-probability of each sampled token under the sampling
+            policy as the server reported it, ``len = C`` floats (nats).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_logprobs: list[float]
+
+
+@dataclass
+class Rollout:
+    """One rollout of one dataset row: messages, the turns behind them, and its score."""
+
+    example_id: int
+    prompt: Messages
+    answer: Any = None
+    info: dict = field(default_factory=dict)
+    task: str | None = None
+    completion: Messages = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    state: dict = field(default_factory=dict)
+    is_truncated: bool = False
+    reward: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def format_prompt(question: str, system_prompt: str | None = None,
+                  few_shot: Messages | None = None) -> Messages:
+    """Chat prompt: system prompt first, then few-shot example turns, then the question."""
+    messages: Messages = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.extend(dict(m) for m in few_shot or [])
+    messages.append({"role": "user", "content": question})
+    return messages
+
+
+class Environment:
+    """Base environment.
+
+    Args:
+        dataset: training rows with ``prompt`` (chat messages) or ``question`` (str), and
+            optionally ``answer``, ``info``, ``task``.
+        eval_dataset: evaluation rows, same columns.
+        system_prompt: put first in every prompt built from ``question``.
+        few_shot: example messages placed after the system prompt (verifiers' ``few_shot``).
+        parser: used by reward functions (``parser=``) and ``parse_answer``.
+        rubric: scores each rollout; ``rubric.parser`` defaults to ``parser``.
+        sampling_args: defaults merged under the trainer's sampling arguments.
+    """
+
+    def __init__(self, dataset: Dataset | None = None, eval_dataset: Dataset | None = None,
+                 system_prompt: str | None = None, few_shot: Messages | None = None,
+                 parser: Parser | None = None, rubric: Rubric | None = None,
+                 sampling_args: dict | None = None, **kwargs: Any):
+        if dataset is None and eval_dataset is None:
+            raise ValueError("an environment needs a dataset or an eval_dataset")
+        self.system_prompt = system_prompt
+        self.few_shot = few_shot
+        self.parser = parser or Parser()
+        self.rubric = rubric or Rubric(parser=self.parser)
+        if rubric is not None and type(rubric.parser) is Parser:
+            rubric.parser = self.parser
+        self.sampling_args = dict(sampling_args or {})
+        self.dataset = self._format(dataset) if dataset is not None else None
+        self.eval_dataset = self._format(eval_dataset) if eval_dataset is not None else None
+
+    def _format(self, dataset: Dataset) -> Dataset:
+        if "prompt" not in dataset.column_names:
+            if "question" not in dataset.column_names:
+                raise ValueError(f"dataset needs a 'prompt' or 'question' column, has {dataset.column_names}")
+            sp, fs = self.system_prompt, self.few_shot
+            dataset = dataset.map(lambda row: {"prompt": format_prompt(row["question"], sp, fs)})
+        if "answer" not in dataset.column_names:
+            dataset = dataset.add_column("answer", [""] * len(dataset))
+        if "task" not in dataset.column_names:
+            dataset = dataset.add_column("task", ["default"] * len(dataset))
+        return dataset
+
+    def get_dataset(self, n: int = -1) -> Dataset:
+        """Training rows (falls back to the eval rows); the first ``n`` if ``n > 0``."""
+        ds = self.dataset if self.dataset is not None else self.eval_dataset
+        return ds.select(range(min(n, len(ds)))) if n > 0 else ds
+
+    def get_eval_dataset(self, n: int = -1) -> Dataset:
+        """Evaluation rows (falls back to the training rows); the first ``n`` if ``n > 0``."""
+        ds = self.eval_dataset if self.eval_dataset is not None else self.dataset
+        return ds.select(range(min(n, len(ds)))) if n > 0 else ds
+
+    async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
+        """Run one rollout in place: fill ``completion``, ``turns``, ``state``. Subclasses override."""
+        raise NotImplementedError
+
+    async def call_model(self, client, model: str, messages: Messages, sampling_args: dict) -> tuple[dict, Turn, bool]:
+        """One chat completion with token ids and log-probs.
+
+        Returns:
+            ``(assistant_message, turn, truncated)``.
+        Raises:
+            RuntimeError: if the server did not return token ids or log-probs (not a vLLM
+                server, or too old).
+        """
+        args = {k: v for k, v in sampling_args.items() if k != "extra_body"}
+        extra_body = {"return_token_ids": True, "skip_special_tokens": False,
+                      **sampling_args.get("extra_body", {})}
+        response = await client.chat.completions.create(
+            model=model, messages=messages, logprobs=True, extra_body=extra_body, **args)
+        choice = response.choices[0]
+        prompt_ids = getattr(response, "prompt_token_ids", None)
+        completion_ids = getattr(choice, "token_ids", None)
+        if prompt_ids is None or completion_ids is None or choice.logprobs is None:
+            raise RuntimeError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
+        logprobs = [float(t.logprob) for t in choice.logprobs.content]
+        if len(logprobs) != len(completion_ids):
+            raise RuntimeError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
+        message = {"role": "assistant", "content": choice.message.content or ""}
+        return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.finish_reason == "length"
+
+    async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
+                          semaphore: asyncio.Semaphore, timeout: float | None = None) -> Rollout:
+        """Rollout then score; any exception or timeout becomes ``rollout.error`` with reward 0."""
+        async with semaphore:
+            try:
+                await asyncio.wait_for(self.rollout(client, model, rollout, sampling_args), timeout)
+                rollout.reward, rollout.metrics = await self.rubric.score(
+                    prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
+                    state=rollout.state, info=rollout.info, task=rollout.task)
+            except Exception as exc:  # kept as an error so that training goes on
+                rollout.error = f"{type(exc).__name__}: {exc}"
+                rollout.reward = 0.0
+        return rollout
+
+    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
+                       sampling_args: dict, max_concurrent: int = 1024,
+                       timeout: float | None = None) -> list[Rollout]:
+        """Roll out every row ``rollouts_per_example`` times and score each rollout.
+
+        Args:
+            rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``task``).
+            sampling_args: OpenAI chat-completion arguments (``max_tokens``, ``temperature``,
+                ``top_p``, ``extra_body``...), merged over the environment's defaults.
+            timeout: seconds allowed per rollout (``None``: unlimited).
+        Returns:
+            ``len(rows) * rollouts_per_example`` rollouts, grouped: rollouts of row ``i``
+            are at ``[i*r, (i+1)*r)``.
+        """
+        args = {**self.sampling_args, **sampling_args}
+        semaphore = asyncio.Semaphore(max_concurrent)
+        rollouts = [
+            Rollout(example_id=i, prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer"),
+                    info=dict(row.get("info") or {}), task=row.get("task"))
+            for i, row in enumerate(rows) for _ in range(rollouts_per_example)
+        ]
+        return list(await asyncio.gather(
+            *(self.run_rollout(client, model, r, args, semaphore, timeout) for r in rollouts)))
+
+
+class SingleTurnEnv(Environment):
+    """One model response per rollout."""
+
+    async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
+        message, turn, truncated = await self.call_model(client, model, rollout.prompt, sampling_args)
+        rollout.completion = [message]
+        rollout.turns = [turn]
+        rollout.is_truncated = truncated

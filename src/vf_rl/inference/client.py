@@ -1,0 +1,61 @@
+"""The trainer's side of weight sync: talk to vf-vllm's routes over HTTP."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+
+from .routes import SECRET_HEADER
+
+
+class InferenceClient:
+    """Client for one vf-vllm server.
+
+    Args:
+        host, port: where vf-vllm listens.
+        timeout: seconds allowed for one weight update.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout: float = 300.0):
+        self.base_url = f"http://{host}:{port}"
+        headers = {}
+        if secret := os.environ.get("VF_RL_WEIGHT_SECRET"):
+            headers[SECRET_HEADER] = secret
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    def wait_until_ready(self, timeout: float = 300.0, poll: float = 2.0) -> None:
+        """Block until ``GET /health`` answers 200.
+
+        Raises:
+            TimeoutError: not ready after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if self.http.get("/health", timeout=5.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vf-vllm at {self.base_url} not ready after {timeout:.0f} s "
+                                   "(raise vllm_server_timeout, or look at the Inference pane's log)")
+            time.sleep(poll)
+
+    def _post(self, route: str, json: dict | None = None) -> dict:
+        response = self.http.post(route, json=json or {})
+        if response.status_code != 200:
+            raise RuntimeError(f"vf-vllm {route} failed ({response.status_code}): {response.text[:500]}")
+        return response.json()
+
+    def update_weights(self, path: str) -> dict:
+        """Make the server reload its weights from safetensors at ``path`` (a path the server
+        can read) and reset its prefix cache. Returns the workers' reports."""
+        return self._post("/update_weights", {"path": str(path)})
+
+    def reset_prefix_cache(self) -> None:
+        self._post("/reset_prefix_cache")
+
+    def close(self) -> None:
+        self.http.close()

@@ -1,0 +1,51 @@
+"""Weight-update routes of vf-vllm, installed into vLLM's own OpenAI server as an HTTP
+middleware (``vllm serve --middleware vf_rl.inference.routes.weight_sync_routes``).
+
+Routes (all JSON):
+    GET  /get_world_size      -> {"world_size": tensor_parallel * data_parallel}
+    POST /update_weights      {"path": str} -> reload the weights in every worker
+    POST /reset_prefix_cache  -> drop cached KV blocks computed with old weights
+
+If the environment variable ``VF_RL_WEIGHT_SECRET`` is set, the update routes require the
+header ``X-VF-RL-Secret`` with that value (``vf-rl`` sets it when the server listens beyond
+loopback). vLLM's dev-mode routes (``/collective_rpc``...) are never needed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+SECRET_HEADER = "X-VF-RL-Secret"
+ROUTES = {("GET", "/get_world_size"), ("POST", "/update_weights"), ("POST", "/reset_prefix_cache")}
+
+
+async def weight_sync_routes(request: Request, call_next):
+    """ASGI HTTP middleware: answer vf-rl's routes, pass everything else to vLLM."""
+    if (request.method, request.url.path) not in ROUTES:
+        return await call_next(request)
+    secret = os.environ.get("VF_RL_WEIGHT_SECRET")
+    if secret and not hmac.compare_digest(request.headers.get(SECRET_HEADER, ""), secret):
+        return JSONResponse({"error": f"missing or wrong {SECRET_HEADER} header"}, status_code=401)
+    engine = request.app.state.engine_client
+    path = request.url.path
+    try:
+        if path == "/get_world_size":
+            parallel = engine.vllm_config.parallel_config
+            return JSONResponse({"world_size": parallel.tensor_parallel_size * parallel.data_parallel_size})
+        if path == "/reset_prefix_cache":
+            await engine.reset_prefix_cache()
+            return JSONResponse({"status": "ok"})
+        body = await request.json()
+        if not isinstance(body, dict) or not isinstance(body.get("path"), str):
+            return JSONResponse({"error": "body must be {\"path\": \"<safetensors file or dir>\"}"}, status_code=400)
+        results = await engine.collective_rpc("vf_reload_weights", args=(body["path"],))
+        await engine.reset_prefix_cache()
+        return JSONResponse({"status": "ok", "workers": results})
+    except FileNotFoundError as exc:
+        return JSONResponse({"error": str(exc)}, status_code=404)
+    except Exception as exc:  # report, don't crash the server
+        return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)

@@ -1,0 +1,1 @@
+"""Trainer side: RLTrainer, the orchestrator, the loss and micro-batching."""

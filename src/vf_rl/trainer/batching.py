@@ -1,0 +1,99 @@
+"""From scored rollouts to padded micro-batch tensors.
+
+Pure functions over lists and tensors: rollouts -> group advantages -> training samples ->
+per-process shard -> micro batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Sample:
+    """One training sequence (one model turn of a rollout).
+
+    Attributes:
+        input_ids: prompt + completion token ids, ``len = L``.
+        loss_mask: ``len = L``, 1 on completion tokens trained on, 0 on prompt tokens.
+        sampling_logprobs: ``len = L``, the server's log-prob of each token (0 on prompt).
+        advantage: the rollout's advantage (same for every token).
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    sampling_logprobs: list[float]
+    advantage: float
+
+
+def group_advantages(rewards: list[float], group_size: int) -> list[float]:
+    """Reward minus the mean reward of its group (no std normalisation, as in verifiers).
+
+    Args:
+        rewards: ``len = n * group_size``, grouped contiguously (rollouts of one prompt together).
+        group_size: rollouts per example (>= 1).
+    Raises:
+        ValueError: if ``len(rewards)`` is not a multiple of ``group_size``.
+    """
+    if group_size < 1 or len(rewards) % group_size:
+        raise ValueError(f"{len(rewards)} rewards cannot be split into groups of {group_size}")
+    advantages = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start:start + group_size]
+        mean = sum(group) / len(group)
+        advantages.extend(r - mean for r in group)
+    return advantages
+
+
+def turn_to_sample(prompt_ids: list[int], completion_ids: list[int], completion_logprobs: list[float],
+                   advantage: float, max_seq_len: int) -> Sample | None:
+    """One sample from one turn, cut to ``max_seq_len`` tokens (``None`` if no completion token fits)."""
+    ids = list(prompt_ids) + list(completion_ids)
+    mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
+    logprobs = [0.0] * len(prompt_ids) + list(completion_logprobs)
+    ids, mask, logprobs = ids[:max_seq_len], mask[:max_seq_len], logprobs[:max_seq_len]
+    if not any(mask):
+        return None
+    return Sample(ids, mask, logprobs, advantage)
+
+
+def shard(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int) -> list[Sample]:
+    """This process's share of ``samples``, padded so every process gets the same number of
+    micro batches (padding samples carry no loss tokens).
+
+    Samples are dealt round-robin: process ``rank`` gets samples ``rank, rank + world_size, ...``.
+    """
+    per_step = world_size * micro_batch_size
+    padded = list(samples)
+    filler = Sample([0], [0], [0.0], 0.0)
+    while len(padded) % per_step:
+        padded.append(filler)
+    return padded[rank::world_size]
+
+
+def micro_batches(samples: list[Sample], micro_batch_size: int, pad_token_id: int) -> list[dict[str, torch.Tensor]]:
+    """Right-pad samples into micro batches of ``micro_batch_size``.
+
+    Returns:
+        A list of dicts with ``input_ids`` ``[B, L]`` long, ``attention_mask`` ``[B, L]``
+        long, ``loss_mask`` ``[B, L]`` bool, ``sampling_logprobs`` ``[B, L]`` float32 and
+        ``advantages`` ``[B]`` float32, where ``L`` is the longest sample in that micro batch.
+    """
+    batches = []
+    for start in range(0, len(samples), micro_batch_size):
+        chunk = samples[start:start + micro_batch_size]
+        length = max(len(s.input_ids) for s in chunk)
+
+        def pad(values, fill):
+            return [list(v) + [fill] * (length - len(v)) for v in values]
+
+        batches.append({
+            "input_ids": torch.tensor(pad([s.input_ids for s in chunk], pad_token_id), dtype=torch.long),
+            "attention_mask": torch.tensor(pad([[1] * len(s.input_ids) for s in chunk], 0), dtype=torch.long),
+            "loss_mask": torch.tensor(pad([s.loss_mask for s in chunk], 0), dtype=torch.bool),
+            "sampling_logprobs": torch.tensor(pad([s.sampling_logprobs for s in chunk], 0.0), dtype=torch.float32),
+            "advantages": torch.tensor([s.advantage for s in chunk], dtype=torch.float32),
+        })
+    return batches

@@ -1,0 +1,85 @@
+"""The policy-gradient loss: token-level CISPO with importance-ratio masking.
+
+Pure tensors in, tensors out, so that it can be read, tested and swapped on its own.
+
+For every completion token t with advantage A (the rollout's reward minus its group's mean):
+
+    r_t   = exp(logp_trainer(t) - logp_sampling(t))          importance ratio
+    keep  = loss_mask_t and mask_ratio_low <= r_t <= mask_ratio_high
+    loss  = sum_t keep * (-r_t * A) / N                       N = loss tokens in the global batch
+
+The gradient of ``-r_t * A`` is ``-r_t * A * grad logp_trainer(t)``: the CISPO estimator
+(MiniMax-M1, arXiv:2506.13585: a stop-gradient importance weight times the log-prob
+gradient), with tokens whose ratio leaves ``[mask_ratio_low, mask_ratio_high]`` dropped
+instead of clipped, as verifiers' RLTrainer and prime-rl do. Normalising by the token count
+of the whole batch (not per sequence) is DAPO's token-level normalisation
+(arXiv:2503.14476).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
+               loss_mask: torch.Tensor, loss_normalizer: float, mask_ratio_low: float = 0.125,
+               mask_ratio_high: float = 8.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-level CISPO loss for one micro batch.
+
+    Args:
+        trainer_logprobs: ``[B, T]`` float, log-probs of the taken tokens under the policy
+            being trained (requires grad).
+        sampling_logprobs: ``[B, T]`` float, log-probs the inference server reported when it
+            sampled the tokens (any value where ``loss_mask`` is 0).
+        advantages: ``[B, T]`` or ``[B]`` float, the rollout advantage (broadcast over T).
+        loss_mask: ``[B, T]`` bool/int, 1 on completion tokens that are trained on.
+        loss_normalizer: number of loss tokens this process accounts for (global count /
+            world size), so that summing micro batches and averaging over processes gives
+            the mean over the global batch. Must be > 0.
+        mask_ratio_low, mask_ratio_high: tokens with a ratio outside this range are dropped.
+
+    Returns:
+        ``(loss, stats)``: the scalar loss (this micro batch's share), and detached sums over
+        loss tokens for logging: ``tokens``, ``importance_ratio_sum``, ``mismatch_kl_sum``
+        (``r - log r - 1``, the k3 estimator of KL(sampler || trainer)), ``masked_low``,
+        ``masked_high``.
+    """
+    if loss_normalizer <= 0:
+        raise ValueError(f"loss_normalizer must be > 0, got {loss_normalizer}")
+    mask = loss_mask.bool()
+    if advantages.dim() == 1:
+        advantages = advantages[:, None].expand_as(trainer_logprobs)
+    log_ratio = (trainer_logprobs - sampling_logprobs).masked_fill(~mask, 0.0)
+    ratio = torch.exp(log_ratio)
+    low, high = ratio < mask_ratio_low, ratio > mask_ratio_high
+    keep = mask & ~low & ~high
+    loss = (-ratio * advantages).masked_fill(~keep, 0.0).sum() / loss_normalizer
+    with torch.no_grad():
+        stats = {
+            "tokens": mask.sum().float(),
+            "importance_ratio_sum": ratio.masked_fill(~mask, 0.0).sum(),
+            "mismatch_kl_sum": (ratio - log_ratio - 1.0).masked_fill(~mask, 0.0).sum(),
+            "masked_low": (low & mask).sum().float(),
+            "masked_high": (high & mask).sum().float(),
+        }
+    return loss, stats
+
+
+def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of ``token_ids`` under ``softmax(logits / temperature)``, and the entropy.
+
+    Args:
+        logits: ``[B, T, V]`` float, the model's logits at positions that *predict* the tokens
+            (i.e. already shifted: ``logits[:, t]`` predicts ``token_ids[:, t]``).
+        token_ids: ``[B, T]`` long.
+        temperature: the sampling temperature (> 0). vf-vllm reports log-probs after
+            temperature scaling (``--logprobs-mode processed_logprobs``), so this matches.
+    Returns:
+        ``(logprobs [B, T], entropy [B, T])``; entropy is computed without grad (nats).
+    """
+    logits = logits.float() / temperature
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    logprobs = logprobs_all.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
+    return logprobs, entropy

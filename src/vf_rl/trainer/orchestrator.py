@@ -1,0 +1,158 @@
+"""Orchestrator: generates training batches in a background thread, one step ahead.
+
+The trainer calls ``submit(n + 1)`` and then trains on batch ``n`` while the orchestrator's
+own asyncio loop runs batch ``n + 1``'s rollouts against the inference server. A batch is
+fully determined by its step number (which dataset rows it uses), so generation can be
+re-done for any step, e.g. after a resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from openai import AsyncOpenAI
+
+from vf_rl.envs import Environment, Rollout
+
+from .batching import Sample, group_advantages, turn_to_sample
+
+
+@dataclass
+class Batch:
+    """Everything the trainer needs for one step.
+
+    Attributes:
+        step: the optimizer step this batch is for (0-based).
+        samples: training samples of all processes (``>= batch_size`` for multi-turn).
+        rollouts: the scored rollouts, grouped by prompt.
+        metrics: ``reward``, ``reward/std``, ``reward/<func>``, ``advantage/absmean``,
+            ``tokens/completion``, ``errors/rate``, ``timing/generation_s``...
+    """
+
+    step: int
+    samples: list[Sample]
+    rollouts: list[Rollout]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class Orchestrator:
+    """Generates batches for the trainer in a background thread.
+
+    Args:
+        env: the environment.
+        rows: training rows (dicts with ``prompt``, ``answer``...), already shuffled/filtered.
+        base_url: the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``.
+        model_name: the model name the server serves.
+        batch_size: rollouts per batch; ``batch_size // rollouts_per_example`` rows each.
+        rollouts_per_example: group size.
+        sampling_args: chat-completion arguments (see ``RLConfig.sampling_args``).
+        max_seq_len: samples are cut to this many tokens.
+        max_concurrent: most rollouts in flight.
+        generation_timeout: seconds allowed for one batch.
+        mask_truncated_completions: truncated completions get no loss tokens.
+        zero_truncated_completions: truncated completions get reward 0.
+    """
+
+    def __init__(self, env: Environment, rows: list[dict], base_url: str, model_name: str, batch_size: int,
+                 rollouts_per_example: int, sampling_args: dict, max_seq_len: int, max_concurrent: int = 1024,
+                 generation_timeout: float = 600.0, mask_truncated_completions: bool = False,
+                 zero_truncated_completions: bool = False, api_key: str = "vf-rl"):
+        if not rows:
+            raise ValueError("the environment has no training rows (after filtering by max_prompt_len)")
+        self.env, self.rows = env, rows
+        self.model_name = model_name
+        self.batch_size, self.group_size = batch_size, rollouts_per_example
+        self.prompts_per_batch = batch_size // rollouts_per_example
+        self.sampling_args, self.max_seq_len = sampling_args, max_seq_len
+        self.max_concurrent, self.generation_timeout = max_concurrent, generation_timeout
+        self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
+        self.futures: dict[int, Future] = {}
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vf-rl-orchestrator", daemon=True)
+        self.thread.start()
+        self.client = asyncio.run_coroutine_threadsafe(self._make_client(base_url, api_key), self.loop).result()
+
+    async def _make_client(self, base_url: str, api_key: str) -> AsyncOpenAI:
+        return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=self.generation_timeout, max_retries=0)
+
+    def rows_for_step(self, step: int) -> list[dict]:
+        """The dataset rows of batch ``step``: the next ``prompts_per_batch`` rows, wrapping around."""
+        start = step * self.prompts_per_batch
+        return [self.rows[(start + i) % len(self.rows)] for i in range(self.prompts_per_batch)]
+
+    def submit(self, step: int) -> None:
+        """Start generating batch ``step`` in the background (no-op if already submitted)."""
+        if step not in self.futures:
+            self.futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step), self.loop)
+
+    def in_flight(self) -> bool:
+        return any(not f.done() for f in self.futures.values())
+
+    def get(self, step: int) -> Batch:
+        """Wait for batch ``step`` (submitting it first if needed) and return it.
+
+        Raises:
+            TimeoutError: generation took longer than ``generation_timeout``.
+            RuntimeError: every rollout of the batch failed.
+        """
+        self.submit(step)
+        try:
+            return self.futures.pop(step).result(timeout=self.generation_timeout)
+        except TimeoutError:
+            raise TimeoutError(f"generating batch {step} took over {self.generation_timeout:.0f} s "
+                               "(generation_timeout); is the inference server overloaded or stuck?") from None
+
+    async def _generate(self, step: int) -> Batch:
+        start = time.perf_counter()
+        rollouts = await self.env.generate(self.client, self.model_name, self.rows_for_step(step), self.group_size,
+                                           self.sampling_args, self.max_concurrent)
+        generation_s = time.perf_counter() - start
+        errors = [r for r in rollouts if r.error]
+        if len(errors) == len(rollouts):
+            raise RuntimeError(f"every rollout of batch {step} failed; first error: {errors[0].error}")
+        for r in errors:
+            print(f"[orchestrator] rollout error (reward 0): {r.error}", flush=True)
+        if self.zero_truncated:
+            for r in rollouts:
+                if r.is_truncated:
+                    r.reward = 0.0
+        advantages = group_advantages([r.reward for r in rollouts], self.group_size)
+        samples = []
+        for rollout, advantage in zip(rollouts, advantages):
+            if rollout.error or (self.mask_truncated and rollout.is_truncated):
+                continue
+            for turn in rollout.turns:
+                sample = turn_to_sample(turn.prompt_ids, turn.completion_ids, turn.completion_logprobs,
+                                        advantage, self.max_seq_len)
+                if sample is not None:
+                    samples.append(sample)
+        return Batch(step, samples, rollouts, self._metrics(rollouts, advantages, generation_s))
+
+    def _metrics(self, rollouts: list[Rollout], advantages: list[float], generation_s: float) -> dict[str, float]:
+        rewards = [r.reward for r in rollouts]
+        metrics = {
+            "reward": statistics.fmean(rewards),
+            "reward/std": statistics.pstdev(rewards),
+            "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
+            "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
+            "truncated/rate": statistics.fmean(float(r.is_truncated) for r in rollouts),
+            "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
+            "timing/generation_s": generation_s,
+        }
+        scored = [r for r in rollouts if not r.error]
+        for name in scored[0].metrics if scored else {}:
+            metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
+        return metrics
+
+    def close(self) -> None:
+        """Cancel pending batches and stop the background loop."""
+        for future in self.futures.values():
+            future.cancel()
+        asyncio.run_coroutine_threadsafe(self.client.close(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
