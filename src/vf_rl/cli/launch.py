@@ -81,6 +81,17 @@ def visible_gpus() -> list[str] | None:
     return None
 
 
+FORWARDED_ENV_PREFIXES = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "HUGGING_FACE", "TRANSFORMERS_", "VLLM_",
+                          "VF_RL_", "WANDB_", "NCCL_", "OMP_", "TMPDIR", "HOME")
+
+
+def entry_point(name: str, module: str) -> list[str]:
+    """argv that runs console script ``name``: the script beside this Python if installed
+    there (a venv's bin/), else ``python -m module``."""
+    script = Path(sys.executable).parent / name
+    return [str(script)] if script.is_file() else [sys.executable, "-m", module]
+
+
 def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tuple[PaneCommand, PaneCommand]:
     """The two pane commands for ``config``.
 
@@ -97,8 +108,9 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
     if n_inf > 1:
         iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1"},
-                            ["vf-vllm", "--model", config.model, *inference_flags(iargs)])
-    train_argv = ["vf-train", "@", str(config_path)]
+                            [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
+                             *inference_flags(iargs)])
+    train_argv = [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
     if n_train > 1:
         train_argv = ["accelerate", "launch", "--num_processes", str(n_train), "-m", "vf_rl.cli.train",
                       "@", str(config_path)]
@@ -133,11 +145,13 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool)
     server = libtmux.Server()
     if server.has_session(session_name):
         server.kill_session(session_name)
+    environment = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
     session = server.new_session(session_name, window_name="vf-rl", attach=False, x=220, y=60,
-                                 start_directory=str(Path.cwd()))
+                                 start_directory=str(Path.cwd()), environment=environment)
     window = session.active_window
     top = window.active_pane
-    bottom = top.split(direction=libtmux.constants.PaneDirection.Below, start_directory=str(Path.cwd()))
+    bottom = top.split(direction=libtmux.constants.PaneDirection.Below, start_directory=str(Path.cwd()),
+                       environment=environment)
     window.set_option("pane-border-status", "top")
     for pane, cmd in ((top, inference), (bottom, trainer)):
         pane.cmd("select-pane", "-T", cmd.title)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -50,6 +50,11 @@ class VfRlConfig(_Section):
     env: EnvSection
     inference: InferenceSection
     trainer: TrainerSection
+
+    @field_validator("model")
+    @classmethod
+    def _expand_home(cls, value: str) -> str:
+        return str(Path(value).expanduser()) if value.startswith("~") else value
 
     @property
     def run_name(self) -> str:
