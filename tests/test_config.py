@@ -1,0 +1,231 @@
+"""Every bad input: one line on stderr naming the file/key, exit 2, no traceback, nothing left behind.
+Plus: every trainer key the docs name is accepted, and the field reader matches the real classes."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vf_rl.config.fields import annotation_type, rl_fields, scheduler_types, trainer_fields
+
+BASE = '''model = "Qwen/Qwen3-4B-Instruct-2507"
+
+[env]
+id = "reverse-text"
+
+[inference]
+gpus = 1
+
+[inference.args]
+enforce_eager = true
+
+[trainer]
+gpus = 1
+
+[trainer.args]
+run_name = "bad-input"
+micro_batch_size = 4
+rollouts_per_example = 8
+batch_size = 32
+max_tokens = 128
+max_seq_len = 512
+'''
+
+
+def edit(old: str, new: str) -> str:
+    assert old in BASE
+    return BASE.replace(old, new, 1)
+
+
+CASES = {
+    "toml syntax error": (edit("gpus = 1\n", "gpus = = 1\n"), "TOML syntax error", "line"),
+    "model missing": (edit('model = "Qwen/Qwen3-4B-Instruct-2507"\n', ""), "required key 'model' is missing", None),
+    "model empty": (edit('"Qwen/Qwen3-4B-Instruct-2507"', '""'), "model", "at least 1 character"),
+    "model path missing": (edit('"Qwen/Qwen3-4B-Instruct-2507"', '"./models/none"'), "model", "does not exist"),
+    "env id missing": (edit('id = "reverse-text"\n', ""), "required key 'env.id' is missing", None),
+    "env id unknown": (edit('"reverse-text"', '"someone/no-such-env"'), "env.id", "built-in environments: "),
+    "inference gpus missing": (edit("[inference]\ngpus = 1\n", "[inference]\n"), "'inference.gpus' is missing", None),
+    "trainer gpus missing": (edit("[trainer]\ngpus = 1\n", "[trainer]\n"), "'trainer.gpus' is missing", None),
+    "gpus negative": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = -1"), "trainer.gpus", "greater than or equal to 0"),
+    "gpus not an integer": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 1.5"), "trainer.gpus", "integer"),
+    "gpus a string": (edit("[inference]\ngpus = 1", '[inference]\ngpus = "1"'), "inference.gpus", "integer"),
+    "zero gpus with tensor parallel": (edit("[inference]\ngpus = 1\n\n[inference.args]\n",
+                                            "[inference]\ngpus = 0\n\n[inference.args]\ntensor_parallel_size = 2\n"),
+                                       "inference.args.tensor_parallel_size", "needs GPUs"),
+    "zero trainer gpus with bf16": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 0").replace(
+        'run_name = "bad-input"', 'run_name = "bad-input"\nbf16 = true'), "trainer.args.bf16", "needs a GPU"),
+    "unknown top-level key": (edit("[env]", 'modle = "x"\n\n[env]'), "unknown key 'modle'", "did you mean 'model'"),
+    "unknown section key": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 1\ngpu = 1"), "unknown key 'trainer.gpu'",
+                            "did you mean 'gpus'"),
+    "unknown trainer arg": (edit("batch_size = 32", "batch_size = 32\nlearning_rat = 1e-5"),
+                            "unknown key 'trainer.args.learning_rat'", "did you mean 'learning_rate'"),
+    "wrong type": (edit("batch_size = 32", 'batch_size = 32\nlearning_rate = "fast"'), "trainer.args.learning_rate",
+                   "expected float"),
+    "wrong type bool": (edit("batch_size = 32", "batch_size = 32\nuse_lora = 1"), "trainer.args.use_lora", "expected bool"),
+    "batch not divisible by micro*gpus": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 2").replace(
+        "batch_size = 32", "batch_size = 36").replace("rollouts_per_example = 8", "rollouts_per_example = 4"),
+        "micro_batch_size * trainer.gpus", "4 * 2 = 8"),
+    "batch not divisible by group": (edit("rollouts_per_example = 8", "rollouts_per_example = 12"),
+                                     "trainer.args.batch_size (32)", "rollouts_per_example (12)"),
+    "group too small": (edit("rollouts_per_example = 8", "rollouts_per_example = 1"),
+                        "trainer.args.rollouts_per_example", "at least 2"),
+    "max_tokens not below max_seq_len": (edit("max_tokens = 128", "max_tokens = 512"), "trainer.args.max_tokens (512)",
+                                         "below max_seq_len (512)"),
+    "negative learning rate": (edit("batch_size = 32", "batch_size = 32\nlearning_rate = -1e-5"),
+                               "trainer.args.learning_rate", "negative"),
+    "unknown scheduler": (edit("batch_size = 32", 'batch_size = 32\nlr_scheduler_type = "cosin"'),
+                          "unknown scheduler 'cosin'", "did you mean 'cosine'"),
+    "port mismatch": (edit("enforce_eager = true", "enforce_eager = true\nport = 9000"), "inference.args.port", "differs"),
+    "model in inference args": (edit("enforce_eager = true", 'enforce_eager = true\nmodel = "x"'),
+                                "inference.args.model", "top-level"),
+}
+
+
+def run(args, cwd, env=None):
+    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=60)
+
+
+def assert_one_line_error(result, *needles):
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        if needle:
+            assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_config(case, tmp_path):
+    text, needle, detail = CASES[case]
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    session = f"vf-rl-bad-{os.getpid()}"
+    result = run(["@", str(path), "-s", session], cwd=tmp_path)
+    assert_one_line_error(result, str(path), needle, detail)
+    assert list(tmp_path.iterdir()) == [path]  # no outputs/ directory
+    assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
+    # the same validation guards vf-train and vf-vllm
+    for module in ("vf_rl.cli.train", "vf_rl.cli.vllm_server"):
+        other = subprocess.run([sys.executable, "-m", module, "@", str(path)], capture_output=True, text=True,
+                               cwd=tmp_path, timeout=120)
+        assert_one_line_error(other, needle)
+
+
+def test_file_missing(tmp_path):
+    assert_one_line_error(run(["@", "nope.toml"], tmp_path), "nope.toml: config file not found")
+
+
+def test_first_argument_not_at(tmp_path):
+    assert_one_line_error(run(["config.toml"], tmp_path), "first argument must be '@'")
+    assert_one_line_error(run([], tmp_path), "first argument must be '@'")
+
+
+def test_tmux_not_installed(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text(BASE)
+    env = {**os.environ, "PATH": str(Path(sys.executable).parent), "CUDA_VISIBLE_DEVICES": "0,1"}
+    assert_one_line_error(run(["@", str(path)], tmp_path, env=env), "tmux is not installed", "apt-get install tmux")
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_port_in_use_is_named(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        path = tmp_path / "busy.toml"
+        path.write_text(BASE.replace("[trainer.args]\n", f"[trainer.args]\nvllm_server_port = {port}\n"))
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
+        assert_one_line_error(run(["@", str(path)], tmp_path, env=env), f"port {port}", "already in use")
+
+
+def test_every_documented_trainer_key_is_accepted(tmp_path):
+    """The keys the seed docs and REFERENCE.md name, with the docs' kind of values."""
+    keys = '''
+use_lora = true
+lora_rank = 16
+lora_alpha = 16
+lora_dropout = 0.0
+lora_target_modules = "all-linear"
+lora_modules_to_save = ["lm_head"]
+lora_use_rslora = true
+learning_rate = 1e-5
+lr_scheduler_type = "cosine"
+warmup_steps = 10
+max_grad_norm = 1.0
+bf16 = true
+gradient_checkpointing = true
+max_prompt_len = 256
+mask_ratio_low = 0.125
+mask_ratio_high = 8.0
+mask_env_responses = true
+mask_truncated_completions = false
+zero_truncated_completions = false
+temperature = 0.7
+top_p = 1.0
+top_k = 20
+min_p = 0.0
+repetition_penalty = 1.0
+presence_penalty = 0.0
+frequency_penalty = 0.0
+generation_timeout = 600.0
+max_concurrent = 1024
+vllm_server_host = "127.0.0.1"
+vllm_server_port = 8001
+vllm_server_timeout = 600.0
+output_dir = "outputs/x"
+save_steps = 50
+eval_strategy = "steps"
+eval_steps = 50
+report_to = "wandb"
+seed = 7
+weight_decay = 0.01
+shuffle_dataset = false
+
+[trainer.args.wandb]
+project = "reverse-text-tutorial"
+name = "my-first-run"
+'''
+    path = tmp_path / "all.toml"
+    path.write_text(BASE + keys)
+    result = run(["@", str(path), "--dry-run"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "lora_target_modules = 'all-linear'" in result.stdout
+    assert "wandb = {'project': 'reverse-text-tutorial', 'name': 'my-first-run'}" in result.stdout
+
+
+def test_field_reader_matches_the_real_classes():
+    from transformers import TrainingArguments
+
+    from vf_rl.config.rl_config import RLConfig
+
+    fields = trainer_fields()
+    real = {f.name: f for f in dataclasses.fields(RLConfig) if f.init}
+    assert set(fields) == set(real)
+    for name, spec in rl_fields().items():
+        if real[name].default is not dataclasses.MISSING:
+            assert spec.default == real[name].default, name
+    assert "constant" in scheduler_types() and "cosine" in scheduler_types()
+    assert annotation_type(fields["max_tokens"].annotation) == int | None
+    assert set(rl_fields()) - {f.name for f in dataclasses.fields(TrainingArguments)} >= {"batch_size", "lora_rank"}
+
+
+def test_documented_defaults():
+    """Choices where docs and code disagreed (README "Configuration")."""
+    from vf_rl.config.rl_config import RLConfig
+
+    args = RLConfig(output_dir=None, report_to="none")
+    assert (args.lora_rank, args.lora_alpha, args.temperature) == (16, 16, 1.0)
+    assert (args.rollouts_per_example, args.batch_size, args.micro_batch_size) == (16, 512, 8)
+    assert args.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert args.output_dir == "outputs/vf-rl" and args.max_tokens == args.max_seq_len == 2048
+    assert args.gradient_accumulation_steps == 1

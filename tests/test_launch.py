@@ -1,0 +1,96 @@
+"""The launcher: flags, GPU assignment, dry run and bad input (no torch, no processes)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vf_rl.cli.launch import build_commands, inference_flags, main
+from vf_rl.config.schema import load_config
+
+MINIMAL = '''
+model = "Qwen/Qwen3-4B-Instruct-2507"
+[env]
+id = "primeintellect/reverse-text"
+[inference]
+gpus = {inf}
+[inference.args]
+enforce_eager = true
+{extra}
+[trainer]
+gpus = {train}
+[trainer.args]
+run_name = "alphabet-sort"
+vllm_server_port = 8123
+'''
+
+
+def write(tmp_path, text, name="c.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_inference_args_become_flags():
+    flags = inference_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 4096,
+                             "tool_call_parser": "hermes", "api_key": None})
+    assert flags == ["--enforce-eager", "--max-model-len", "4096", "--tool-call-parser", "hermes"]
+
+
+def test_gpus_are_contiguous_and_data_parallel_is_derived(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=4, train=2, extra="tensor_parallel_size = 2"))
+    config = load_config(path)
+    inference, trainer = build_commands(config, path, [str(i) for i in range(8)])
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    argv = inference.argv
+    assert argv[argv.index("--data-parallel-size") + 1] == "2"
+    assert argv[argv.index("--port") + 1] == "8123"  # the trainer's vllm_server_port
+    assert argv[argv.index("--model") + 1] == "Qwen/Qwen3-4B-Instruct-2507"
+    assert trainer.argv[-6:-2] == ["--num_processes", "2", "-m", "vf_rl.cli.train"]
+    assert trainer.argv[-2:] == ["@", str(path)]
+
+
+def test_gpus_counted_within_cuda_visible_devices(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
+    inference, trainer = build_commands(load_config(path), path, ["5", "7"])
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "5" and trainer.env["CUDA_VISIBLE_DEVICES"] == "7"
+
+
+def test_zero_gpus_means_cpu(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=0, train=0, extra=""))
+    inference, trainer = build_commands(load_config(path), path, [])
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "" and trainer.env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+
+
+def test_dry_run_prints_commands_and_creates_nothing(tmp_path, monkeypatch):
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
+    result = run_cli("@", str(path), "--dry-run", "-s", "my-session")
+    assert result.returncode == 0, result.stderr
+    assert "[Inference] CUDA_VISIBLE_DEVICES=0" in result.stdout
+    assert "[Trainer] CUDA_VISIBLE_DEVICES=1" in result.stdout
+    assert "tmux session: my-session" in result.stdout
+    assert "run_name = 'alphabet-sort'" in result.stdout
+    assert not (tmp_path / "outputs").exists() and not Path("outputs/alphabet-sort").exists()
+
+
+def test_too_many_gpus_is_an_error_when_launching_but_a_warning_in_dry_run(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    dry = run_cli("@", str(path), "--dry-run", env=env)
+    assert dry.returncode == 0 and "= 2 GPUs, but 0 are visible" in dry.stderr
+    real = run_cli("@", str(path), "-s", "vf-rl-test-never-started", env=env)
+    assert real.returncode == 2 and "= 2 GPUs, but 0 are visible" in real.stderr
+    assert subprocess.run(["tmux", "has-session", "-t", "vf-rl-test-never-started"],
+                          capture_output=True).returncode != 0
+
+
+def test_main_returns_exit_code_in_process(tmp_path, capsys):
+    assert main(["@", str(tmp_path / "missing.toml")]) == 2
+    assert "config file not found" in capsys.readouterr().err

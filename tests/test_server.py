@@ -1,0 +1,121 @@
+"""Against a real vf-vllm on the CPU: token ids, log-probs and weight updates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+import torch
+from openai import AsyncOpenAI
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from vf_rl.envs import load_environment
+from vf_rl.inference.client import InferenceClient
+from vf_rl.trainer.batching import micro_batches
+from vf_rl.trainer.loss import selective_logprobs
+from vf_rl.trainer.orchestrator import Orchestrator
+from vf_rl.trainer.weights import export_weights
+
+pytestmark = pytest.mark.server
+TOLERANCE = 1e-3  # observed: max |diff| about 3e-5 nats (fp32 on both sides)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return load_environment("reverse-text", few_shot=2, source="offline")
+
+
+def trainer_logprobs(model, samples, temperature, pad_token_id):
+    """The trainer's log-probs for ``samples`` (padded micro batch, as in training), flattened
+    over loss tokens, next to the server's."""
+    mine, theirs = [], []
+    for mb in micro_batches(samples, 4, pad_token_id):
+        with torch.no_grad():
+            logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
+        lp, _ = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], temperature)
+        mask = mb["loss_mask"][:, 1:]
+        mine.append(lp[mask])
+        theirs.append(mb["sampling_logprobs"][:, 1:][mask])
+    return torch.cat(mine), torch.cat(theirs)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_orchestrator_batch_tokens_and_logprobs_match_trainer(server, env, tokenizer, temperature):
+    rows = [env.get_dataset()[i] for i in range(4)]
+    orch = Orchestrator(env, rows, f"{server.base_url}/v1", server.model, batch_size=8, rollouts_per_example=4,
+                        sampling_args={"max_tokens": 16, "temperature": temperature}, max_seq_len=256)
+    try:
+        batch = orch.get(0)
+    finally:
+        orch.close()
+    assert len(batch.rollouts) == 8 and not any(r.error for r in batch.rollouts)
+    assert [r.prompt for r in batch.rollouts[:4]] == [rows[0]["prompt"]] * 4  # a group shares its prompt
+    for rollout in batch.rollouts:
+        turn = rollout.turns[0]
+        text = tokenizer.decode(turn.completion_ids, skip_special_tokens=True)
+        assert text.strip() == rollout.completion[0]["content"].strip()
+        templated = tokenizer.apply_chat_template(rollout.prompt, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False)
+        assert turn.prompt_ids == templated
+    group_means = [sum(r.reward for r in batch.rollouts[i:i + 4]) / 4 for i in (0, 4)]
+    assert batch.metrics["reward"] == pytest.approx(sum(group_means) / 2)
+    model = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    mine, theirs = trainer_logprobs(model, batch.samples, temperature, tokenizer.pad_token_id)
+    assert len(mine) == sum(len(r.turns[0].completion_ids) for r in batch.rollouts)
+    assert (mine - theirs).abs().max().item() < TOLERANCE
+
+
+def sample_once(server, env, temperature=1.0):
+    client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+    rows = [env.get_dataset()[0]]
+    rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 12, "temperature": temperature}))
+    return [r for r in rollouts]
+
+
+def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokenizer, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    from vf_rl.trainer.batching import turn_to_sample
+
+    base = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():  # a "trained" adapter
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    client = InferenceClient(port=server.port)
+    try:
+        export_weights(policy, tmp_path / "w")
+        report = client.update_weights(str(tmp_path / "w"))
+        assert report["workers"][0]["tensors"] > 200
+        rollouts = sample_once(server, env)
+        samples = [turn_to_sample(r.turns[0].prompt_ids, r.turns[0].completion_ids, r.turns[0].completion_logprobs,
+                                  0.0, 512) for r in rollouts]
+        mine, theirs = trainer_logprobs(policy, samples, 1.0, tokenizer.pad_token_id)
+        assert (mine - theirs).abs().max().item() < TOLERANCE
+        old, _ = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
+        assert (old - theirs).abs().max().item() > 20 * TOLERANCE  # the server really changed
+    finally:  # restore the base weights for the other tests
+        export_weights(original, tmp_path / "orig")
+        client.update_weights(str(tmp_path / "orig"))
+    rollouts = sample_once(server, env)
+    samples = [turn_to_sample(r.turns[0].prompt_ids, r.turns[0].completion_ids, r.turns[0].completion_logprobs,
+                              0.0, 512) for r in rollouts]
+    mine, theirs = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
+    assert (mine - theirs).abs().max().item() < TOLERANCE
+
+
+def test_weight_routes_reject_bad_requests(server):
+    assert httpx.get(f"{server.base_url}/get_world_size").json() == {"world_size": 1}
+    assert httpx.post(f"{server.base_url}/update_weights", json={"nope": 1}).status_code == 400
+    missing = httpx.post(f"{server.base_url}/update_weights", json={"path": "/no/such/weights"})
+    assert missing.status_code == 404 and "no safetensors" in missing.json()["error"]
+    assert httpx.post(f"{server.base_url}/reset_prefix_cache").json() == {"status": "ok"}

@@ -1,0 +1,69 @@
+"""Two training steps through `vf-rl` in real tmux, with a real vf-vllm, from a script (--wait)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import free_port
+
+pytestmark = pytest.mark.server
+
+
+def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
+    out = tmp_path / "run"
+    session = f"vf-rl-e2e-{free_port()}"
+    port = free_port()
+    config = tmp_path / "rt.toml"
+    config.write_text(f'''
+model = "{model_dir}"
+[env]
+id = "primeintellect/reverse-text"
+[env.args]
+few_shot = 2
+source = "offline"
+[inference]
+gpus = 0
+[inference.args]
+enforce_eager = true
+max_model_len = 512
+[trainer]
+gpus = 0
+[trainer.args]
+run_name = "e2e"
+output_dir = "{out}"
+micro_batch_size = 8
+rollouts_per_example = 4
+batch_size = 16
+max_steps = 2
+max_tokens = 16
+max_seq_len = 256
+learning_rate = 1e-4
+save_steps = 50
+vllm_server_port = {port}
+''')
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
+                            capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    trainer_log = (out / "logs" / "trainer.log").read_text() if (out / "logs" / "trainer.log").exists() else ""
+    assert result.returncode == 0, (result.stdout, result.stderr, trainer_log[-3000:])
+    assert "trainer exited with status 0" in result.stdout
+    assert (out / "logs" / "trainer.exit").read_text().strip() == "0"
+    # the last step is always saved, although save_steps is 50
+    checkpoint = out / "checkpoint-2"
+    assert (checkpoint / "adapter_model.safetensors").is_file() and (checkpoint / "adapter_config.json").is_file()
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert 0.0 <= r["reward"] <= 1.0 and r["tokens/loss"] > 0 and "importance_ratio" in r and "loss" in r
+    assert steps[1]["timing/sync_s"] > 0  # weights were pushed before batch 2 was generated
+    assert "Step 2/2: reward=" in trainer_log
+    assert "Application startup complete" in (out / "logs" / "inference.log").read_text()
+    # the session is closed and the inference server stopped
+    assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
+    processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert f"--port {port}" not in processes
