@@ -40,7 +40,7 @@ def server(model_dir, tmp_path_factory) -> Server:
     log = workdir / "server.log"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
-            "--enforce-eager", "--max-model-len", "512"]
+            "--enforce-eager", "--max-model-len", "1024", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 400

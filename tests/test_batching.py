@@ -3,7 +3,10 @@
 import pytest
 import torch
 
-from vf_rl.trainer.batching import Sample, group_advantages, micro_batches, shard, turn_to_sample
+import math
+
+from vf_rl.envs import Turn
+from vf_rl.trainer.batching import Sample, group_advantages, micro_batches, rollout_to_samples, shard
 
 
 def test_group_advantages_subtract_group_mean_without_std():
@@ -18,15 +21,39 @@ def test_group_advantages_rejects_ragged_groups():
         group_advantages([1.0] * 6, 4)
 
 
-def test_turn_to_sample_masks_prompt_and_cuts_to_max_seq_len():
-    s = turn_to_sample([1, 2, 3], [4, 5], [-0.5, -0.25], 0.3, max_seq_len=10)
+def test_single_turn_sample_masks_prompt_and_cuts_to_max_seq_len():
+    (s,) = rollout_to_samples([Turn([1, 2, 3], [4, 5], [-0.5, -0.25])], 0.3, max_seq_len=10)
     assert s.input_ids == [1, 2, 3, 4, 5]
     assert s.loss_mask == [0, 0, 0, 1, 1]
     assert s.sampling_logprobs == [0.0, 0.0, 0.0, -0.5, -0.25]
     assert s.advantage == 0.3
-    cut = turn_to_sample([1, 2, 3], [4, 5], [-0.5, -0.25], 0.3, max_seq_len=4)
+    (cut,) = rollout_to_samples([Turn([1, 2, 3], [4, 5], [-0.5, -0.25])], 0.3, max_seq_len=4)
     assert cut.input_ids == [1, 2, 3, 4] and cut.loss_mask == [0, 0, 0, 1]
-    assert turn_to_sample([1, 2, 3], [4], [-1.0], 0.3, max_seq_len=3) is None
+    assert rollout_to_samples([Turn([1, 2, 3], [4], [-1.0])], 0.3, max_seq_len=3) == []
+
+
+def test_turns_that_extend_each_other_merge_into_one_sample():
+    turns = [Turn([1, 2], [3, 4], [-0.1, -0.2]),          # model turn 1
+             Turn([1, 2, 3, 4, 9, 9], [5], [-0.3]),       # prompt = turn 1 + env reply [9, 9]
+             Turn([1, 2, 3, 4, 9, 9, 5, 8], [6, 7], [-0.4, -0.5])]
+    (s,) = rollout_to_samples(turns, 1.0, max_seq_len=100)
+    assert s.input_ids == [1, 2, 3, 4, 9, 9, 5, 8, 6, 7]
+    assert s.loss_mask == [0, 0, 1, 1, 0, 0, 1, 0, 1, 1]
+    assert s.sampling_logprobs == [0, 0, -0.1, -0.2, 0, 0, -0.3, 0, -0.4, -0.5]
+    (unmasked,) = rollout_to_samples(turns, 1.0, max_seq_len=100, mask_env_responses=False)
+    assert unmasked.loss_mask == [0, 0, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert math.isnan(unmasked.sampling_logprobs[4]) and unmasked.sampling_logprobs[6] == -0.3
+
+
+def test_a_template_that_rewrites_history_keeps_separate_samples():
+    """E.g. Qwen3 dropping <think> blocks of earlier turns: turn 2's prompt no longer starts
+    with turn 1's tokens, so each turn is its own sample."""
+    turns = [Turn([1, 2], [50, 51, 3], [-0.1, -0.2, -0.3]),  # 50, 51 = "<think>..."
+             Turn([1, 2, 3, 9], [4], [-0.4])]                 # history re-rendered without 50, 51
+    first, second = rollout_to_samples(turns, -0.5, max_seq_len=100)
+    assert first.input_ids == [1, 2, 50, 51, 3] and first.loss_mask == [0, 0, 1, 1, 1]
+    assert second.input_ids == [1, 2, 3, 9, 4] and second.loss_mask == [0, 0, 0, 0, 1]
+    assert first.advantage == second.advantage == -0.5
 
 
 def test_shard_pads_so_every_process_gets_whole_micro_batches():

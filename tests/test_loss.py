@@ -106,3 +106,14 @@ def test_selective_logprobs_uses_temperature(temperature):
     expected = torch.log(probs.gather(-1, ids[..., None]).squeeze(-1))
     assert torch.allclose(lp.double(), expected, atol=1e-6)
     assert torch.allclose(entropy.double(), -(probs * probs.log()).sum(-1), atol=1e-5)
+
+
+def test_nan_sampling_logprob_means_ratio_one():
+    """Trained tokens that were not sampled (environment text with mask_env_responses off)."""
+    trainer = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    sampling = torch.tensor([[float("nan"), -2.0]])
+    loss, stats = cispo_loss(trainer, sampling, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), 2.0)
+    assert loss.item() == pytest.approx(-1.0)
+    assert stats["importance_ratio_sum"].item() == pytest.approx(2.0)
+    loss.backward()
+    assert torch.isfinite(trainer.grad).all()

@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vf_rl.envs import load_environment
 from vf_rl.inference.client import InferenceClient
-from vf_rl.trainer.batching import micro_batches
+from vf_rl.trainer.batching import micro_batches, rollout_to_samples
 from vf_rl.trainer.loss import selective_logprobs
 from vf_rl.trainer.orchestrator import Orchestrator
 from vf_rl.trainer.weights import export_weights
@@ -81,8 +81,6 @@ def sample_once(server, env, temperature=1.0):
 def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokenizer, tmp_path):
     from peft import LoraConfig, get_peft_model
 
-    from vf_rl.trainer.batching import turn_to_sample
-
     base = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
     original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
     policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
@@ -97,8 +95,7 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
         report = client.update_weights(str(tmp_path / "w"))
         assert report["workers"][0]["tensors"] > 200
         rollouts = sample_once(server, env)
-        samples = [turn_to_sample(r.turns[0].prompt_ids, r.turns[0].completion_ids, r.turns[0].completion_logprobs,
-                                  0.0, 512) for r in rollouts]
+        samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 512)]
         mine, theirs = trainer_logprobs(policy, samples, 1.0, tokenizer.pad_token_id)
         assert (mine - theirs).abs().max().item() < TOLERANCE
         old, _ = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
@@ -107,8 +104,7 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
         export_weights(original, tmp_path / "orig")
         client.update_weights(str(tmp_path / "orig"))
     rollouts = sample_once(server, env)
-    samples = [turn_to_sample(r.turns[0].prompt_ids, r.turns[0].completion_ids, r.turns[0].completion_logprobs,
-                              0.0, 512) for r in rollouts]
+    samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 512)]
     mine, theirs = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
     assert (mine - theirs).abs().max().item() < TOLERANCE
 

@@ -6,12 +6,14 @@
 so that the launcher (``vf-rl``) starts instantly.
 """
 
-from vf_rl.envs import (Environment, Parser, Rollout, Rubric, SingleTurnEnv, Turn, XMLParser,
-                        builtin_environments, load_environment)
+from vf_rl.envs import (BoxedParser, Environment, MathRubric, MultiTurnEnv, Parser, Rollout, Rubric, SingleTurnEnv,
+                        ThinkParser, ToolEnv, Turn, XMLParser, builtin_environments, extract_boxed_answer,
+                        load_environment, tool_schema)
 
 __version__ = "0.1.0"
 __all__ = ["RLTrainer", "RLConfig", "load_environment", "builtin_environments", "Environment", "SingleTurnEnv",
-           "Rollout", "Turn", "Rubric", "Parser", "XMLParser"]
+           "MultiTurnEnv", "ToolEnv", "Rollout", "Turn", "Rubric", "MathRubric", "Parser", "XMLParser", "ThinkParser",
+           "BoxedParser", "extract_boxed_answer", "tool_schema"]
 
 
 def __getattr__(name: str):

@@ -145,6 +145,10 @@ class Environment:
         if len(logprobs) != len(completion_ids):
             raise RuntimeError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
         message = {"role": "assistant", "content": choice.message.content or ""}
+        if choice.message.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                                     for c in choice.message.tool_calls]
         return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.finish_reason == "length"
 
     async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,

@@ -93,3 +93,46 @@ class XMLParser(Parser):
             return present / len(self.fields)
 
         return format_reward
+
+
+class ThinkParser(Parser):
+    """For reasoning models: the answer is what follows the last ``</think>``.
+
+    Args:
+        extract_fn: applied to the text after ``</think>`` (e.g. a boxed-answer extractor).
+    A message without ``</think>`` parses to ``None`` when it has a ``<think>`` (cut off while
+    thinking), else the whole text.
+    """
+
+    def __init__(self, extract_fn: Callable[[str], Any] | None = None):
+        self.extract_fn = extract_fn or (lambda text: text.strip())
+
+    def parse(self, text: str) -> Any:
+        if "</think>" in text:
+            text = text.rsplit("</think>", 1)[1]
+        elif "<think>" in text:
+            return None
+        return self.extract_fn(text)
+
+    def get_format_reward_func(self) -> Callable[..., float]:
+        def think_format(completion, **kwargs) -> float:
+            text = last_assistant_text(completion).strip()
+            return 1.0 if re.match(r"^<think>.*?</think>\s*\S", text, flags=re.DOTALL) else 0.0
+
+        return think_format
+
+
+def extract_boxed_answer(text: str) -> str | None:
+    r"""The content of the last ``\boxed{...}`` (nested braces allowed), or ``None``."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed{")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            if depth == 0:
+                return text[i:j].strip()
+            depth -= 1
+    return None

@@ -47,16 +47,42 @@ def group_advantages(rewards: list[float], group_size: int) -> list[float]:
     return advantages
 
 
-def turn_to_sample(prompt_ids: list[int], completion_ids: list[int], completion_logprobs: list[float],
-                   advantage: float, max_seq_len: int) -> Sample | None:
-    """One sample from one turn, cut to ``max_seq_len`` tokens (``None`` if no completion token fits)."""
-    ids = list(prompt_ids) + list(completion_ids)
-    mask = [0] * len(prompt_ids) + [1] * len(completion_ids)
-    logprobs = [0.0] * len(prompt_ids) + list(completion_logprobs)
-    ids, mask, logprobs = ids[:max_seq_len], mask[:max_seq_len], logprobs[:max_seq_len]
-    if not any(mask):
-        return None
-    return Sample(ids, mask, logprobs, advantage)
+def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_responses: bool = True) -> list[Sample]:
+    """Training samples of one rollout's turns (objects with ``prompt_ids``, ``completion_ids``,
+    ``completion_logprobs``).
+
+    Consecutive turns are merged into one sample while each turn's ``prompt_ids`` starts with
+    the previous sample's tokens exactly (the chat template re-rendered the history token for
+    token): one forward pass instead of one per turn. Tokens between two model turns (the
+    environment's reply, template tokens) get loss mask 0 when ``mask_env_responses``, else 1
+    with a NaN sampling log-prob (the loss then uses an importance ratio of 1 for them). A turn
+    whose prompt rewrote the history (e.g. a template that drops ``<think>`` blocks) starts a
+    new sample.
+    """
+    samples: list[Sample] = []
+    current: Sample | None = None
+    for turn in turns:
+        prompt, completion = list(turn.prompt_ids), list(turn.completion_ids)
+        if current is not None and prompt[:len(current.input_ids)] == current.input_ids:
+            extra = prompt[len(current.input_ids):]
+            current.input_ids += extra + completion
+            current.loss_mask += [0 if mask_env_responses else 1] * len(extra) + [1] * len(completion)
+            current.sampling_logprobs += ([0.0] if mask_env_responses else [float("nan")]) * len(extra)
+            current.sampling_logprobs += list(turn.completion_logprobs)
+        else:
+            if current is not None:
+                samples.append(current)
+            current = Sample(prompt + completion, [0] * len(prompt) + [1] * len(completion),
+                             [0.0] * len(prompt) + list(turn.completion_logprobs), advantage)
+    if current is not None:
+        samples.append(current)
+    cut = []
+    for s in samples:
+        s.input_ids, s.loss_mask, s.sampling_logprobs = (s.input_ids[:max_seq_len], s.loss_mask[:max_seq_len],
+                                                         s.sampling_logprobs[:max_seq_len])
+        if any(s.loss_mask):
+            cut.append(s)
+    return cut
 
 
 def shard(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int) -> list[Sample]:

@@ -30,7 +30,8 @@ def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
         trainer_logprobs: ``[B, T]`` float, log-probs of the taken tokens under the policy
             being trained (requires grad).
         sampling_logprobs: ``[B, T]`` float, log-probs the inference server reported when it
-            sampled the tokens (any value where ``loss_mask`` is 0).
+            sampled the tokens (any value where ``loss_mask`` is 0; NaN marks trained tokens
+            that were not sampled, e.g. environment replies, whose ratio is then 1).
         advantages: ``[B, T]`` or ``[B]`` float, the rollout advantage (broadcast over T).
         loss_mask: ``[B, T]`` bool/int, 1 on completion tokens that are trained on.
         loss_normalizer: number of loss tokens this process accounts for (global count /
@@ -47,6 +48,9 @@ def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
     if loss_normalizer <= 0:
         raise ValueError(f"loss_normalizer must be > 0, got {loss_normalizer}")
     mask = loss_mask.bool()
+    not_sampled = torch.isnan(sampling_logprobs)
+    if not_sampled.any():
+        sampling_logprobs = torch.where(not_sampled, trainer_logprobs.detach(), sampling_logprobs)
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(trainer_logprobs)
     log_ratio = (trainer_logprobs - sampling_logprobs).masked_fill(~mask, 0.0)

@@ -19,7 +19,7 @@ from openai import AsyncOpenAI
 
 from vf_rl.envs import Environment, Rollout
 
-from .batching import Sample, group_advantages, turn_to_sample
+from .batching import Sample, group_advantages, rollout_to_samples
 
 
 @dataclass
@@ -55,13 +55,14 @@ class Orchestrator:
         max_concurrent: most rollouts in flight.
         generation_timeout: seconds allowed for one batch.
         mask_truncated_completions: truncated completions get no loss tokens.
+        mask_env_responses: environment-written tokens get no loss (multi-turn).
         zero_truncated_completions: truncated completions get reward 0.
     """
 
     def __init__(self, env: Environment, rows: list[dict], base_url: str, model_name: str, batch_size: int,
                  rollouts_per_example: int, sampling_args: dict, max_seq_len: int, max_concurrent: int = 1024,
                  generation_timeout: float = 600.0, mask_truncated_completions: bool = False,
-                 zero_truncated_completions: bool = False, api_key: str = "vf-rl"):
+                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl"):
         if not rows:
             raise ValueError("the environment has no training rows (after filtering by max_prompt_len)")
         self.env, self.rows = env, rows
@@ -71,6 +72,7 @@ class Orchestrator:
         self.sampling_args, self.max_seq_len = sampling_args, max_seq_len
         self.max_concurrent, self.generation_timeout = max_concurrent, generation_timeout
         self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
+        self.mask_env_responses = mask_env_responses
         self.futures: dict[int, Future] = {}
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vf-rl-orchestrator", daemon=True)
@@ -126,11 +128,7 @@ class Orchestrator:
         for rollout, advantage in zip(rollouts, advantages):
             if rollout.error or (self.mask_truncated and rollout.is_truncated):
                 continue
-            for turn in rollout.turns:
-                sample = turn_to_sample(turn.prompt_ids, turn.completion_ids, turn.completion_logprobs,
-                                        advantage, self.max_seq_len)
-                if sample is not None:
-                    samples.append(sample)
+            samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
         return Batch(step, samples, rollouts, self._metrics(rollouts, advantages, generation_s))
 
     def _metrics(self, rollouts: list[Rollout], advantages: list[float], generation_s: float) -> dict[str, float]:

@@ -146,7 +146,7 @@ class RLTrainer(Trainer):
         self.orchestrator = Orchestrator(
             self.env, self._rows, f"{self.inference.base_url}/v1", self.served_model_name, a.batch_size,
             a.rollouts_per_example, a.sampling_args(), a.max_seq_len, a.max_concurrent, a.generation_timeout,
-            a.mask_truncated_completions, a.zero_truncated_completions)
+            a.mask_truncated_completions, a.zero_truncated_completions, a.mask_env_responses)
         try:
             return super().train(*args, **kwargs)
         finally:

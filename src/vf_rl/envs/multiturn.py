@@ -1,0 +1,72 @@
+"""Multi-turn environments: the environment answers each model turn until it is done."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from .environment import Environment, Rollout
+from .parsers import Messages
+
+
+class MultiTurnEnv(Environment):
+    """An environment that replies to the model until ``is_completed`` or ``max_turns``.
+
+    Subclasses implement ``env_response(messages, state)`` returning the messages to append
+    (verifiers' classic ``(messages, state)`` tuple is accepted too) and may override
+    ``is_completed(messages, state)`` and ``setup_state(state)``.
+
+    ``state`` is a dict shared by the hooks and the reward functions: ``turn`` (model turns
+    so far), ``answer``, ``info``, ``prompt``, plus whatever the environment stores.
+
+    Args:
+        max_turns: most model turns per rollout (>= 1).
+    """
+
+    def __init__(self, max_turns: int = 10, **kwargs: Any):
+        super().__init__(**kwargs)
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.max_turns = max_turns
+
+    async def setup_state(self, state: dict) -> dict:
+        return state
+
+    async def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
+        return False
+
+    async def env_response(self, messages: Messages, state: dict, **kwargs: Any):
+        raise NotImplementedError
+
+    @staticmethod
+    async def _maybe_await(value):
+        return await value if inspect.isawaitable(value) else value
+
+    async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
+        messages = [dict(m) for m in rollout.prompt]
+        state = rollout.state
+        state.update(turn=0, answer=rollout.answer, info=rollout.info, prompt=rollout.prompt)
+        state = await self._maybe_await(self.setup_state(state)) or state
+        rollout.state = state
+        while not await self._maybe_await(self.is_completed(messages, state)):
+            message, turn, truncated = await self.call_model(client, model, messages, self.turn_args(sampling_args))
+            messages.append(message)
+            rollout.turns.append(turn)
+            state["turn"] += 1
+            if truncated:
+                rollout.is_truncated = True
+                break
+            if state["turn"] >= self.max_turns or await self._maybe_await(self.is_completed(messages, state)):
+                break
+            reply = await self._maybe_await(self.env_response(messages, state))
+            if isinstance(reply, tuple):  # verifiers' classic (messages, state)
+                reply, new_state = reply
+                state.update(new_state or {})
+            if isinstance(reply, dict):
+                reply = [reply]
+            messages.extend(dict(m) for m in reply)
+        rollout.completion = messages[len(rollout.prompt):]
+
+    def turn_args(self, sampling_args: dict) -> dict:
+        """Sampling arguments of one model call (ToolEnv adds its tools)."""
+        return sampling_args
