@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import sys
 import threading
+from collections import Counter
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -104,7 +106,7 @@ class Orchestrator:
         """
         self.submit(step)
         try:
-            return self.futures.pop(step).result(timeout=self.generation_timeout)
+            return self.futures.pop(step).result(timeout=self.generation_timeout + 60)
         except TimeoutError:
             raise TimeoutError(f"generating batch {step} took over {self.generation_timeout:.0f} s "
                                "(generation_timeout); is the inference server overloaded or stuck?") from None
@@ -112,13 +114,14 @@ class Orchestrator:
     async def _generate(self, step: int) -> Batch:
         start = time.perf_counter()
         rollouts = await self.env.generate(self.client, self.model_name, self.rows_for_step(step), self.group_size,
-                                           self.sampling_args, self.max_concurrent)
+                                           self.sampling_args, self.max_concurrent, timeout=self.generation_timeout)
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
         if len(errors) == len(rollouts):
             raise RuntimeError(f"every rollout of batch {step} failed; first error: {errors[0].error}")
-        for r in errors:
-            print(f"[orchestrator] rollout error (reward 0): {r.error}", flush=True)
+        for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
+            print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss): {cause}",
+                  file=sys.stderr, flush=True)
         if self.zero_truncated:
             for r in rollouts:
                 if r.is_truncated:

@@ -1,0 +1,167 @@
+"""vf-eval: evaluate a model on an environment (the "baseline" step before training).
+
+    vf-eval ENV_ID -m MODEL [-n N] [-r R] [-a JSON_ENV_ARGS] [-t MAX_TOKENS] [-T TEMPERATURE]
+            [--base-url URL | --serve] [-o rollouts.jsonl] [--split eval|train]
+
+Runs ``N`` examples x ``R`` rollouts against an OpenAI-compatible server (default: a vf-vllm at
+``http://127.0.0.1:8000/v1``; ``--serve`` starts a vf-vllm for MODEL on the CPU or GPU first
+and stops it afterwards), prints the reward's mean and standard deviation, the mean
+within-group standard deviation (reward diversity: 0 means RL has nothing to learn from), the
+mean of each reward function, the error rate and timing, and writes every rollout to JSONL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EXIT_BAD_INPUT = 2
+
+
+def summarize(rollouts, group_size: int) -> dict[str, float]:
+    """Reward statistics of grouped rollouts (``group_size`` consecutive rollouts per example)."""
+    rewards = [r.reward for r in rollouts]
+    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
+    summary = {
+        "reward/mean": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/within_group_std": statistics.fmean(statistics.pstdev(g) for g in groups),
+        "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
+        "turns/mean": statistics.fmean(len(r.turns) for r in rollouts),
+        "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
+    }
+    names = {name for r in rollouts for name in r.metrics}
+    for name in sorted(names):
+        summary[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
+    return summary
+
+
+def rollout_record(r) -> dict:
+    return {"example_id": r.example_id, "prompt": r.prompt, "completion": r.completion, "answer": r.answer,
+            "reward": r.reward, "metrics": r.metrics, "error": r.error, "truncated": r.is_truncated,
+            "turns": len(r.turns), "completion_tokens": sum(len(t.completion_ids) for t in r.turns)}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str, extra: list[str], log: Path, timeout: float = 600.0) -> tuple[subprocess.Popen, str]:
+    """Start vf-vllm for ``model`` on a free port; returns the process and its base URL.
+
+    Raises:
+        RuntimeError: the server exited or was not ready within ``timeout`` seconds.
+    """
+    import httpx
+
+    port = _free_port()
+    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model, "--port", str(port), *extra]
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"vf-vllm exited with status {process.returncode}; see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return process, f"http://127.0.0.1:{port}/v1"
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    os.killpg(process.pid, signal.SIGKILL)
+    raise RuntimeError(f"vf-vllm not ready after {timeout:.0f} s; see {log}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vf-eval", description=__doc__.splitlines()[0])
+    parser.add_argument("env_id", help="environment id, e.g. reverse-text or primeintellect/gsm8k")
+    parser.add_argument("-m", "--model", required=True, help="model name (as served) or path")
+    parser.add_argument("-n", "--num-examples", type=int, default=20, help="examples (default 20)")
+    parser.add_argument("-r", "--rollouts-per-example", type=int, default=4, help="rollouts per example (default 4)")
+    parser.add_argument("-a", "--env-args", default="{}", help="JSON object of load_environment arguments")
+    parser.add_argument("-t", "--max-tokens", type=int, default=256, help="max new tokens per turn (default 256)")
+    parser.add_argument("-T", "--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
+    parser.add_argument("--split", choices=["eval", "train"], default="eval", help="dataset split (default eval)")
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI-compatible server")
+    parser.add_argument("--serve", nargs="*", metavar="VLLM_FLAG",
+                        help="start a vf-vllm for MODEL first (extra vllm flags may follow)")
+    parser.add_argument("--max-concurrent", type=int, default=64)
+    parser.add_argument("-o", "--output", type=Path, help="rollouts JSONL (default outputs/evals/<env>--<time>.jsonl)")
+    opts = parser.parse_args(argv)
+    try:
+        env_args = json.loads(opts.env_args)
+        if not isinstance(env_args, dict):
+            raise ValueError
+    except ValueError:
+        print(f"vf-eval: error: --env-args must be a JSON object, got {opts.env_args!r}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for flag, value in (("-n", opts.num_examples), ("-r", opts.rollouts_per_example), ("-t", opts.max_tokens)):
+        if value < 1:
+            print(f"vf-eval: error: {flag} must be at least 1, got {value}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+
+    from openai import AsyncOpenAI
+
+    from vf_rl.envs import load_environment
+
+    try:
+        env = load_environment(opts.env_id, **env_args)
+    except (ValueError, TypeError) as exc:
+        print(f"vf-eval: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    dataset = env.get_eval_dataset(opts.num_examples) if opts.split == "eval" else env.get_dataset(opts.num_examples)
+    rows = [dataset[i] for i in range(len(dataset))]
+    output = opts.output or Path("outputs/evals") / f"{opts.env_id.replace('/', '--')}--{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    process, base_url = None, opts.base_url
+    if opts.serve is not None:
+        print(f"vf-eval: starting vf-vllm for {opts.model} ...", flush=True)
+        process, base_url = start_server(opts.model, opts.serve, output.with_suffix(".server.log"))
+    try:
+        sampling = {"max_tokens": opts.max_tokens, "temperature": opts.temperature}
+        start = time.perf_counter()
+
+        async def run():
+            client = AsyncOpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "vf-rl"), max_retries=0)
+            try:
+                return await env.generate(client, opts.model, rows, opts.rollouts_per_example, sampling,
+                                          opts.max_concurrent)
+            finally:
+                await client.close()
+
+        rollouts = asyncio.run(run())
+        seconds = time.perf_counter() - start
+    finally:
+        if process is not None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+    with output.open("w") as f:
+        for r in rollouts:
+            f.write(json.dumps(rollout_record(r), default=str) + "\n")
+    summary = summarize(rollouts, opts.rollouts_per_example)
+    tokens = sum(sum(len(t.completion_ids) for t in r.turns) for r in rollouts)
+    print(f"{opts.env_id}: {len(rows)} examples x {opts.rollouts_per_example} rollouts, model {opts.model}")
+    for key, value in summary.items():
+        print(f"  {key:<28} {value:.4f}")
+    print(f"  {'time/total_s':<28} {seconds:.1f}")
+    print(f"  {'tokens_per_s':<28} {tokens / max(seconds, 1e-9):.1f}")
+    errors = {r.error for r in rollouts if r.error}
+    for error in sorted(errors)[:5]:
+        print(f"  error: {error}")
+    print(f"rollouts written to {output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
