@@ -229,3 +229,18 @@ def test_documented_defaults():
     assert args.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     assert args.output_dir == "outputs/vf-rl" and args.max_tokens == args.max_seq_len == 2048
     assert args.gradient_accumulation_steps == 1
+
+
+def test_readme_configuration_table_is_generated_from_the_schema():
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gen_config_table.py"
+    result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_all_shipped_configs_pass_dry_run(tmp_path):
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs" / "vf-rl").glob("*.toml"))
+    assert len(configs) >= 7
+    for config in configs:
+        result = run(["@", str(config), "--dry-run"], tmp_path)
+        assert result.returncode == 0, (config.name, result.stderr)
+        assert "[Inference]" in result.stdout and "[Trainer]" in result.stdout

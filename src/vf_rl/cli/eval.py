@@ -18,31 +18,12 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
-
-
-def summarize(rollouts, group_size: int) -> dict[str, float]:
-    """Reward statistics of grouped rollouts (``group_size`` consecutive rollouts per example)."""
-    rewards = [r.reward for r in rollouts]
-    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
-    summary = {
-        "reward/mean": statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
-        "reward/within_group_std": statistics.fmean(statistics.pstdev(g) for g in groups),
-        "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
-        "turns/mean": statistics.fmean(len(r.turns) for r in rollouts),
-        "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
-    }
-    names = {name for r in rollouts for name in r.metrics}
-    for name in sorted(names):
-        summary[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
-    return summary
 
 
 def rollout_record(r) -> dict:
@@ -114,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from openai import AsyncOpenAI
 
     from vf_rl.envs import load_environment
+    from vf_rl.metrics import rollout_metrics
 
     try:
         env = load_environment(opts.env_id, **env_args)
@@ -149,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     with output.open("w") as f:
         for r in rollouts:
             f.write(json.dumps(rollout_record(r), default=str) + "\n")
-    summary = summarize(rollouts, opts.rollouts_per_example)
+    summary = rollout_metrics(rollouts, opts.rollouts_per_example)
     tokens = sum(sum(len(t.completion_ids) for t in r.turns) for r in rollouts)
     print(f"{opts.env_id}: {len(rows)} examples x {opts.rollouts_per_example} rollouts, model {opts.model}")
     for key, value in summary.items():

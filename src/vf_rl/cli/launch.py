@@ -2,7 +2,9 @@
 pane (vf-train).
 
     vf-rl @ config.toml [-s SESSION] [--dry-run] [--wait]
+    vf-rl @ config.toml --resume          (continue from the last checkpoint)
     vf-rl prepare-model [--out DIR]
+    vf-rl plot RUN_DIR
 
 GPUs are assigned contiguously: inference gets the first ``inference.gpus`` visible devices,
 the trainer the next ``trainer.gpus``; ``gpus = 0`` runs that side on the CPU. Each pane's
@@ -157,12 +159,14 @@ def check_port_free(host: str, port: int) -> None:
                               f"set trainer.args.vllm_server_port to a free port") from None
 
 
-def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool) -> int:
+def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool, resume: bool = False) -> int:
     """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
     import libtmux
 
     inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=False,
                                                                           config_path=config_path))
+    if resume:
+        trainer.argv.append("--resume")
     host = str(config.inference.args.get("host", config.trainer.args.get("vllm_server_host", "127.0.0.1")))
     check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1",
                     int(config.trainer.args.get("vllm_server_port", 8000)))
@@ -247,11 +251,17 @@ def main(argv: list[str] | None = None) -> int:
         from vf_rl.cli.prepare_model import main as prepare_main
 
         return prepare_main(argv[1:])
+    if argv[:1] == ["plot"]:
+        from vf_rl.plot import main as plot_main
+
+        return plot_main(argv[1:])
     try:
         config_path, rest = parse_at_args(argv, "vf-rl")
         parser = argparse.ArgumentParser(prog="vf-rl @ config.toml", description=__doc__.splitlines()[0])
         parser.add_argument("-s", "--session", default="vf-rl", help="tmux session name (default: vf-rl)")
         parser.add_argument("--dry-run", action="store_true", help="validate and print the pane commands; start nothing")
+        parser.add_argument("--resume", action="store_true",
+                            help="resume the trainer from the last checkpoint in output_dir")
         parser.add_argument("--wait", action="store_true",
                             help="block until the trainer ends; exit with its status (for scripts and CI)")
         opts = parser.parse_args(rest)
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(config, config_path, opts.session)
         if shutil.which("tmux") is None:
             raise ConfigError("tmux is not installed (Debian/Ubuntu: sudo apt-get install tmux; macOS: brew install tmux)")
-        return launch(config, config_path, opts.session, opts.wait)
+        return launch(config, config_path, opts.session, opts.wait, opts.resume)
     except ConfigError as exc:
         print(f"vf-rl: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,6 +1,6 @@
 """vf-train: the trainer of a vf-rl config, standalone.
 
-    vf-train @ config.toml
+    vf-train @ config.toml [--resume]
 
 Loads ``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``,
 and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
@@ -19,7 +19,10 @@ EXIT_BAD_INPUT = 2
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        config_path, _ = parse_at_args(argv, "vf-train")
+        config_path, rest = parse_at_args(argv, "vf-train")
+        if [r for r in rest if r != "--resume"]:
+            raise ConfigError(f"vf-train: unknown options {' '.join(r for r in rest if r != '--resume')} "
+                              "(usage: vf-train @ config.toml [--resume])")
         config = load_config(config_path)
     except ConfigError as exc:
         print(f"vf-train: error: {exc}", file=sys.stderr)
@@ -32,6 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(max(1, torch.get_num_threads()))
     try:
         args = RLConfig(**config.trainer.args)
+        if "--resume" in rest:
+            args.resume_from_checkpoint = True
         print(f"Loading environment {config.env.id}...", flush=True)
         env = load_environment(config.env.id, **config.env.args)
     except (TypeError, ValueError) as exc:
@@ -39,7 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     print(f"Loading model {config.model}...", flush=True)
     trainer = RLTrainer(model=config.model, env=env, args=args)
-    trainer.train()
+    try:
+        trainer.train()
+    except ValueError as exc:  # e.g. resume with no checkpoint
+        if "resume_from_checkpoint" not in str(exc):
+            raise
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

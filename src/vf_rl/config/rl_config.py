@@ -72,7 +72,11 @@ class RLConfig(TrainingArguments):
     lr_scheduler_type: str = field(default="constant", metadata={"help": "constant, linear, cosine, ... (transformers names)."})
     max_steps: int = field(default=500, metadata={"help": "Optimizer steps (one batch each)."})
     save_steps: float = field(default=50, metadata={"help": "Checkpoint every N steps (the last step is always saved)."})
-    save_only_model: bool = field(default=True, metadata={"help": "Checkpoints hold weights only (no optimizer state)."})
+    save_only_model: bool = field(default=False, metadata={"help": "Checkpoints hold weights only (no optimizer/scheduler/RNG state: cannot resume exactly)."})
+    resume_from_checkpoint: bool | str | None = field(default=None, metadata={"help": "true: resume from the last checkpoint in output_dir; or a checkpoint path."})
+    eval_on_start: bool | None = field(default=None, metadata={"help": "Evaluate before the first step (default: on when eval_strategy is not \"no\")."})
+    num_eval_examples: int = field(default=64, metadata={"help": "Examples of the environment's eval split used per evaluation (-1: all)."})
+    eval_rollouts_per_example: int | None = field(default=None, metadata={"help": "Rollouts per eval example (default rollouts_per_example)."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
     report_to: Any = field(default="none", metadata={"help": "\"none\" or \"wandb\"."})
     wandb: dict | None = field(default=None, metadata={"help": "[trainer.args.wandb] table: project, name (with report_to = \"wandb\")."})
@@ -93,6 +97,10 @@ class RLConfig(TrainingArguments):
                     os.environ.setdefault(f"WANDB_{key.upper()}", str(self.wandb[key]))
         if self.output_dir is None:
             self.output_dir = f"outputs/{self.run_name or 'vf-rl'}"
+        if self.eval_on_start is None:
+            self.eval_on_start = str(self.eval_strategy) not in ("no", "IntervalStrategy.NO")
+        if self.eval_rollouts_per_example is None:
+            self.eval_rollouts_per_example = self.rollouts_per_example
         if self.bf16 is None:
             self.bf16 = torch.cuda.is_available()
         if self.max_tokens is None:

@@ -152,7 +152,7 @@ class Environment:
         return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.finish_reason == "length"
 
     async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
-                          semaphore: asyncio.Semaphore, timeout: float | None = None) -> Rollout:
+                          semaphore: asyncio.Semaphore, timeout: float | None = None, on_done=None) -> Rollout:
         """Rollout then score; any exception or timeout becomes ``rollout.error`` with reward 0."""
         async with semaphore:
             try:
@@ -161,13 +161,15 @@ class Environment:
                     prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
                     state=rollout.state, info=rollout.info, task=rollout.task)
             except Exception as exc:  # kept as an error so that training goes on
-                rollout.error = f"{type(exc).__name__}: {exc}"
+                rollout.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 rollout.reward = 0.0
+        if on_done is not None:
+            on_done(rollout)
         return rollout
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
                        sampling_args: dict, max_concurrent: int = 1024,
-                       timeout: float | None = None) -> list[Rollout]:
+                       timeout: float | None = None, on_done=None) -> list[Rollout]:
         """Roll out every row ``rollouts_per_example`` times and score each rollout.
 
         Args:
@@ -175,6 +177,7 @@ class Environment:
             sampling_args: OpenAI chat-completion arguments (``max_tokens``, ``temperature``,
                 ``top_p``, ``extra_body``...), merged over the environment's defaults.
             timeout: seconds allowed per rollout (``None``: unlimited).
+            on_done: called with each rollout as it finishes (progress display).
         Returns:
             ``len(rows) * rollouts_per_example`` rollouts, grouped: rollouts of row ``i``
             are at ``[i*r, (i+1)*r)``.
@@ -187,7 +190,7 @@ class Environment:
             for i, row in enumerate(rows) for _ in range(rollouts_per_example)
         ]
         return list(await asyncio.gather(
-            *(self.run_rollout(client, model, r, args, semaphore, timeout) for r in rollouts)))
+            *(self.run_rollout(client, model, r, args, semaphore, timeout, on_done) for r in rollouts)))
 
 
 class SingleTurnEnv(Environment):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from openai import AsyncOpenAI
 
 from vf_rl.envs import Environment, Rollout
+from vf_rl.metrics import rollout_metrics
 
 from .batching import Sample, group_advantages, rollout_to_samples
 
@@ -40,6 +41,7 @@ class Batch:
     samples: list[Sample]
     rollouts: list[Rollout]
     metrics: dict[str, float] = field(default_factory=dict)
+    row_ids: list = field(default_factory=list)
 
 
 class Orchestrator:
@@ -76,6 +78,7 @@ class Orchestrator:
         self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
         self.mask_env_responses = mask_env_responses
         self.futures: dict[int, Future] = {}
+        self.done: dict[int, int] = {}  # step -> rollouts finished so far (progress)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vf-rl-orchestrator", daemon=True)
         self.thread.start()
@@ -97,6 +100,24 @@ class Orchestrator:
     def in_flight(self) -> bool:
         return any(not f.done() for f in self.futures.values())
 
+    def wait_idle(self) -> None:
+        """Block until no batch is being generated (results stay available to ``get``)."""
+        for future in list(self.futures.values()):
+            try:
+                future.result(timeout=self.generation_timeout + 60)
+            except Exception:
+                pass  # get() re-raises it for the step that needs it
+
+    def progress(self, step: int) -> tuple[int, int]:
+        """``(finished, total)`` rollouts of batch ``step``."""
+        return self.done.get(step, 0), self.batch_size
+
+    def run(self, rows: list[dict], rollouts_per_example: int) -> list:
+        """Roll out ``rows`` now (blocking), outside the training batches: for evaluation."""
+        coro = self.env.generate(self.client, self.model_name, rows, rollouts_per_example, self.sampling_args,
+                                 self.max_concurrent, timeout=self.generation_timeout)
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=self.generation_timeout + 60)
+
     def get(self, step: int) -> Batch:
         """Wait for batch ``step`` (submitting it first if needed) and return it.
 
@@ -113,8 +134,14 @@ class Orchestrator:
 
     async def _generate(self, step: int) -> Batch:
         start = time.perf_counter()
-        rollouts = await self.env.generate(self.client, self.model_name, self.rows_for_step(step), self.group_size,
-                                           self.sampling_args, self.max_concurrent, timeout=self.generation_timeout)
+        rows = self.rows_for_step(step)
+        self.done[step] = 0
+
+        def on_done(_rollout):
+            self.done[step] += 1
+
+        rollouts = await self.env.generate(self.client, self.model_name, rows, self.group_size, self.sampling_args,
+                                           self.max_concurrent, timeout=self.generation_timeout, on_done=on_done)
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
         if len(errors) == len(rollouts):
@@ -132,23 +159,11 @@ class Orchestrator:
             if rollout.error or (self.mask_truncated and rollout.is_truncated):
                 continue
             samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
-        return Batch(step, samples, rollouts, self._metrics(rollouts, advantages, generation_s))
-
-    def _metrics(self, rollouts: list[Rollout], advantages: list[float], generation_s: float) -> dict[str, float]:
-        rewards = [r.reward for r in rollouts]
-        metrics = {
-            "reward": statistics.fmean(rewards),
-            "reward/std": statistics.pstdev(rewards),
-            "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
-            "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
-            "truncated/rate": statistics.fmean(float(r.is_truncated) for r in rollouts),
-            "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
-            "timing/generation_s": generation_s,
-        }
-        scored = [r for r in rollouts if not r.error]
-        for name in scored[0].metrics if scored else {}:
-            metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
-        return metrics
+        metrics = {**rollout_metrics(rollouts, self.group_size), "timing/generation_s": generation_s,
+                   "advantage/absmean": statistics.fmean(abs(a) for a in advantages)}
+        completion_tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
+        metrics["throughput/generation_tokens_per_s"] = completion_tokens / max(generation_s, 1e-9)
+        return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows])
 
     def close(self) -> None:
         """Cancel pending batches and stop the background loop."""

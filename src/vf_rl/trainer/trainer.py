@@ -5,7 +5,10 @@ One optimizer step ``n`` (``training_step``):
     2. push the current weights to the inference server (skipped if unchanged);
     3. submit batch ``n + 1``, which generates while we train;
     4. for each micro batch: forward, log-probs of the sampled tokens at the sampling
-       temperature, CISPO loss, backward. ``Trainer`` then clips, steps and schedules.
+       temperature, CISPO loss (``loss.py``), backward. ``Trainer`` then clips, steps and
+       schedules.
+Evaluation (``evaluate``) waits for the batch in flight, syncs the weights and rolls out the
+environment's eval split; it does not change which rows the training batches use.
 """
 
 from __future__ import annotations
@@ -13,17 +16,20 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 
 import torch
-from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.config.rl_config import RLConfig
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
+from vf_rl.metrics import rollout_metrics
 
+from . import display
 from .batching import micro_batches, shard
 from .loss import cispo_loss, selective_logprobs
 from .orchestrator import Batch, Orchestrator
@@ -31,8 +37,8 @@ from .weights import export_weights
 
 
 def load_model(model: str, args: RLConfig) -> PreTrainedModel:
-    """Load a causal LM (hub id or local directory) for training: bf16 on GPU when
-    ``args.bf16``, float32 otherwise; sdpa attention unless flash-attn is installed."""
+    """Load a causal LM (hub id or local directory) for training: bf16 when ``args.bf16``,
+    float32 otherwise; sdpa attention."""
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
 
@@ -62,8 +68,26 @@ class _StepsDataset(torch.utils.data.Dataset):
         return {"step": i}
 
 
+def _append_jsonl(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def _truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop records of steps after ``last_step`` (a resume redoes them); atomic rewrite."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 class _RunCallback(TrainerCallback):
-    """Always save the final step; write ``metrics.jsonl`` and a console line per log."""
+    """Always save the final step; write ``metrics.jsonl``, the console line and the plot."""
 
     def __init__(self, trainer: "RLTrainer"):
         self.trainer = trainer
@@ -77,16 +101,27 @@ class _RunCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        path = Path(args.output_dir) / "metrics.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        _append_jsonl(Path(args.output_dir) / "metrics.jsonl", record)
         if "reward" in logs:
-            print(f"Step {state.global_step}/{state.max_steps}: reward={logs['reward']:.3f} "
-                  f"(std {logs.get('reward/std', 0):.3f}) loss={logs.get('loss', 0):.4f} "
-                  f"entropy={logs.get('entropy', 0):.3f} importance_ratio={logs.get('importance_ratio', 0):.3f} "
-                  f"gen={logs.get('timing/generation_s', 0):.1f}s wait={logs.get('timing/wait_s', 0):.1f}s "
-                  f"train={logs.get('timing/train_s', 0):.1f}s sync={logs.get('timing/sync_s', 0):.1f}s", flush=True)
+            display.step_line(state.global_step, state.max_steps, logs)
+        elif "eval/reward" in logs:
+            display.eval_line(state.global_step, logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from vf_rl.plot import plot_run
+
+            try:
+                print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)
+            except Exception as exc:  # a plot must never fail a finished run
+                print(f"(no plot: {exc})", flush=True)
+
+
+class _QuietProgress(ProgressCallback):
+    """The progress bar without ``Trainer``'s raw dict print (we print our own line)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass
 
 
 class RLTrainer(Trainer):
@@ -94,7 +129,7 @@ class RLTrainer(Trainer):
 
     Args:
         model: a hub id, a local model directory, or a loaded ``PreTrainedModel``.
-        env: the environment whose training rows and rubric are used.
+        env: the environment whose training rows, eval rows and rubric are used.
         args: :class:`RLConfig`.
         processing_class: the tokenizer (loaded from ``model`` if omitted).
 
@@ -116,29 +151,51 @@ class RLTrainer(Trainer):
         if args.use_lora:
             model = apply_lora(model, args)
         self.served_model_name = kwargs.pop("served_model_name", model_id)
+        evaluating = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO") or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
-                         **kwargs)
+                         eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
         self.env = env
+        self.remove_callback(ProgressCallback)
+        self.add_callback(_QuietProgress)
         self.add_callback(_RunCallback(self))
         self.inference = InferenceClient(args.vllm_server_host, args.vllm_server_port, args.vllm_server_timeout)
         self.orchestrator: Orchestrator | None = None
         self._synced_step = 0  # the server holds the weights of this optimizer step
         self._step_metrics: dict[str, float] = {}
-        self._rows = self._training_rows(env.get_dataset(), tokenizer)
+        self._checkpoint_staging: Path | None = None
+        self._rows = self._prompt_rows(env.get_dataset(), tokenizer, shuffle=args.shuffle_dataset)
+        self._eval_rows = (self._prompt_rows(env.get_eval_dataset(args.num_eval_examples), tokenizer, shuffle=False)
+                           if evaluating else [])
 
-    def _training_rows(self, dataset: Dataset, tokenizer) -> list[dict]:
-        """Rows whose templated prompt fits ``max_prompt_len`` tokens, shuffled once by ``seed``."""
-        rows = [row for row in dataset if len(tokenizer.apply_chat_template(
-            row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)) <= self.args.max_prompt_len]
-        if self.args.shuffle_dataset:
+    def _prompt_rows(self, dataset, tokenizer, shuffle: bool) -> list[dict]:
+        """Rows whose templated prompt fits ``max_prompt_len`` tokens, each with its dataset
+        index as ``row_id``, shuffled once by ``seed``."""
+        rows = []
+        for i, row in enumerate(dataset):
+            ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
+                                                return_dict=False)
+            if len(ids) <= self.args.max_prompt_len:
+                rows.append({**row, "row_id": i})
+        if shuffle:
             random.Random(self.args.seed).shuffle(rows)
         return rows
 
     # --- the loop ---------------------------------------------------------------------------
 
-    def train(self, *args, **kwargs):
-        """Wait for the inference server, start the orchestrator, then run ``Trainer.train``."""
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
+        """Wait for the inference server, start the orchestrator, then run ``Trainer.train``.
+
+        Args:
+            resume_from_checkpoint: ``True`` (the last checkpoint in ``output_dir``) or a path;
+                default ``args.resume_from_checkpoint``. Steps, learning-rate schedule,
+                optimizer, RNG and dataset position continue from the checkpoint, and the
+                server gets the checkpoint's weights before the first batch is generated.
+        """
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = self.args.resume_from_checkpoint
+        if resume_from_checkpoint and self.is_world_process_zero():
+            self._prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
             print(f"Waiting for vf-vllm at {self.inference.base_url} ...", flush=True)
         self.inference.wait_until_ready(self.args.vllm_server_timeout)
@@ -148,26 +205,47 @@ class RLTrainer(Trainer):
             a.rollouts_per_example, a.sampling_args(), a.max_seq_len, a.max_concurrent, a.generation_timeout,
             a.mask_truncated_completions, a.zero_truncated_completions, a.mask_env_responses)
         try:
-            return super().train(*args, **kwargs)
+            return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
             self.orchestrator.close()
+
+    def _prepare_resume(self, checkpoint: str | bool) -> None:
+        from transformers.trainer_utils import get_last_checkpoint
+
+        path = get_last_checkpoint(self.args.output_dir) if checkpoint is True else str(checkpoint)
+        if not path or not Path(path).is_dir():
+            raise ValueError(f"resume_from_checkpoint: no checkpoint found ({checkpoint!r} in {self.args.output_dir})")
+        step = json.loads((Path(path) / "trainer_state.json").read_text())["global_step"]
+        for name in ("metrics.jsonl", "batches.jsonl"):
+            _truncate_jsonl(Path(self.args.output_dir) / name, step)
+        print(f"Resuming from {path} (step {step})", flush=True)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         step = self.state.global_step
         start = time.perf_counter()
-        batch = self.orchestrator.get(step)  # waits if generation is behind training
+        if step not in self.orchestrator.futures and self._synced_step != step:
+            self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
+        sync_s = time.perf_counter() - start
+        start = time.perf_counter()
+        batch = display.wait_for_batch(self.orchestrator, step, self.is_world_process_zero())
         wait_s = time.perf_counter() - start
         start = time.perf_counter()
         if self._synced_step != step:
             self.sync_weights(step)
-        sync_s = time.perf_counter() - start
+        sync_s += time.perf_counter() - start
         if step + 1 < self.args.max_steps:
             self.orchestrator.submit(step + 1)
         start = time.perf_counter()
         loss, stats = self._train_on_batch(model, batch)
+        train_s = time.perf_counter() - start
         self._step_metrics = {**batch.metrics, **stats, "timing/wait_s": wait_s, "timing/sync_s": sync_s,
-                              "timing/train_s": time.perf_counter() - start}
-        self._log_samples(batch)
+                              "timing/train_s": train_s,
+                              "throughput/train_tokens_per_s": stats["tokens/trained"] / max(train_s, 1e-9)}
+        if self.is_world_process_zero():
+            _append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": step + 1, "rows": batch.row_ids})
+            if step % max(int(self.args.logging_steps), 1) == 0:
+                display.sample_table(batch, step + 1)
+                self._log_sample_table(batch)
         return loss
 
     def _train_on_batch(self, model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
@@ -176,12 +254,14 @@ class RLTrainer(Trainer):
         loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
         normalizer = max(loss_tokens, 1) / world
         mine = shard(batch.samples, world, rank, a.micro_batch_size)
-        totals = {"tokens": 0.0, "importance_ratio_sum": 0.0, "mismatch_kl_sum": 0.0, "masked_low": 0.0,
-                  "masked_high": 0.0, "entropy_sum": 0.0}
+        totals = dict.fromkeys(("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low", "masked_high",
+                                "entropy_sum"), 0.0)
+        trained_tokens = 0
         total_loss = torch.zeros((), device=a.device)
         model.train()
         for mb in micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id):
             mb = {k: v.to(a.device) for k, v in mb.items()}
+            trained_tokens += int(mb["attention_mask"].sum())
             with self.compute_loss_context_manager():
                 logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
                 logprobs, entropy = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], a.temperature)
@@ -194,11 +274,31 @@ class RLTrainer(Trainer):
                 totals[k] += float(v)
             totals["entropy_sum"] += float(entropy.masked_fill(~mask, 0.0).sum())
         n = max(totals["tokens"], 1.0)
-        metrics = {"importance_ratio": totals["importance_ratio_sum"] / n,
-                   "mismatch_kl": totals["mismatch_kl_sum"] / n, "entropy": totals["entropy_sum"] / n,
-                   "masked/low_fraction": totals["masked_low"] / n, "masked/high_fraction": totals["masked_high"] / n,
-                   "tokens/loss": totals["tokens"]}
-        return total_loss, metrics
+        return total_loss, {
+            "importance_ratio": totals["importance_ratio_sum"] / n, "mismatch_kl": totals["mismatch_kl_sum"] / n,
+            "entropy": totals["entropy_sum"] / n, "masked/low_fraction": totals["masked_low"] / n,
+            "masked/high_fraction": totals["masked_high"] / n,
+            "tokens/masked_fraction": (totals["masked_low"] + totals["masked_high"]) / n,
+            "tokens/loss": totals["tokens"], "tokens/trained": float(trained_tokens)}
+
+    # --- evaluation ---------------------------------------------------------------------------
+
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Roll out the eval rows with the current weights; log ``eval/reward``,
+        ``eval/reward/<func>`` and the rest of :func:`vf_rl.metrics.rollout_metrics`."""
+        if not self._eval_rows:
+            return {}
+        step = self.state.global_step
+        self.orchestrator.wait_idle()  # never change the weights under a batch being generated
+        if self._synced_step != step:
+            self.sync_weights(step)
+        start = time.perf_counter()
+        rollouts = self.orchestrator.run(self._eval_rows, self.args.eval_rollouts_per_example)
+        metrics = {f"{metric_key_prefix}/{k}": v
+                   for k, v in rollout_metrics(rollouts, self.args.eval_rollouts_per_example).items()}
+        metrics[f"{metric_key_prefix}/timing_s"] = time.perf_counter() - start
+        self.log(metrics)
+        return metrics
 
     # --- weight sync ------------------------------------------------------------------------
 
@@ -211,6 +311,37 @@ class RLTrainer(Trainer):
         self.accelerator.wait_for_everyone()
         self._synced_step = step
 
+    # --- checkpoints --------------------------------------------------------------------------
+
+    def _get_output_dir(self, trial):
+        return str(self._checkpoint_staging) if self._checkpoint_staging else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        """Write ``checkpoint-<step>`` under a temporary name and rename it when complete, so a
+        kill mid-save never leaves a half-written checkpoint that resume would pick."""
+        out = Path(self.args.output_dir)
+        step = self.state.global_step
+        staging = out / f".tmp-checkpoint-{step}"
+        if self.args.should_save:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._checkpoint_staging = staging
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._checkpoint_staging = None
+        if self.args.should_save:
+            written = staging / f"checkpoint-{step}"
+            (written / "orchestrator_state.json").write_text(json.dumps(
+                {"step": step, "next_batch_rows_start": step * self.orchestrator.prompts_per_batch,
+                 "num_rows": len(self._rows), "shuffle_seed": self.args.seed}))
+            final = out / f"checkpoint-{step}"
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(written, final)
+            shutil.rmtree(staging, ignore_errors=True)
+            self._rotate_checkpoints(use_mtime=False, output_dir=str(out))
+        self.accelerator.wait_for_everyone()
+
     # --- logging ------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
@@ -219,11 +350,15 @@ class RLTrainer(Trainer):
             self._step_metrics = {}
         super().log(logs, *args, **kwargs)
 
-    def _log_samples(self, batch: Batch) -> None:
-        if not self.is_world_process_zero() or batch.step % max(int(self.args.logging_steps), 1) or batch.step % 5:
+    def _log_sample_table(self, batch: Batch) -> None:
+        """A prompt/completion/reward table in wandb when a run is active."""
+        if "wandb" not in (self.args.report_to or []):
             return
-        r = batch.rollouts[0]
-        prompt = r.prompt[-1]["content"] if r.prompt else ""
-        completion = r.completion[-1]["content"] if r.completion else (r.error or "")
-        print(f"=== Step {batch.step} Sample ===\nPrompt: {prompt}\nCompletion: {completion}\nReward: {r.reward:.3f}",
-              flush=True)
+        import wandb
+
+        if wandb.run is None:
+            return
+        table = wandb.Table(columns=["step", "prompt", "completion", "reward"])
+        for r in batch.rollouts[:8]:
+            table.add_data(batch.step + 1, display.last_text(r.prompt), display.last_text(r.completion), r.reward)
+        wandb.log({"samples": table}, commit=False)

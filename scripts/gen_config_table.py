@@ -1,0 +1,54 @@
+"""Regenerate the README's configuration table from the schema (RLConfig and the TOML sections).
+
+    python scripts/gen_config_table.py          # rewrite README.md between the markers
+    python scripts/gen_config_table.py --check  # exit 1 if README.md is out of date
+"""
+
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from vf_rl.config.fields import MISSING, rl_fields
+from vf_rl.config.schema import EnvSection, InferenceSection, TrainerSection, VfRlConfig
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+
+
+def table() -> str:
+    rows = ["| key | default | meaning |", "|---|---|---|"]
+    sections = [("", VfRlConfig), ("env.", EnvSection), ("inference.", InferenceSection), ("trainer.", TrainerSection)]
+    for prefix, model in sections:
+        for name, field in model.model_fields.items():
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+                continue  # a section itself
+            default = "required" if field.is_required() else f"`{field.get_default(call_default_factory=True)!r}`"
+            rows.append(f"| `{prefix}{name}` | {default} | {field.description or ''} |")
+    for spec in rl_fields().values():
+        default = "" if spec.default is MISSING else f"`{spec.default!r}`"
+        rows.append(f"| `trainer.args.{spec.name}` | {default} | {spec.help} |")
+    rows.append("| `trainer.args.*` | | any other `transformers.TrainingArguments` field |")
+    return "\n".join(rows)
+
+
+def render(text: str) -> str:
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table()}\n{END}{tail}"
+
+
+def main() -> int:
+    text = README.read_text()
+    new = render(text)
+    if "--check" in sys.argv:
+        if new != text:
+            print("README.md's configuration table is out of date: run python scripts/gen_config_table.py")
+            return 1
+        return 0
+    README.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""Summary statistics of scored rollouts, shared by training batches, evaluation and vf-eval."""
+
+from __future__ import annotations
+
+import statistics
+
+
+def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
+    """Statistics of ``rollouts`` grouped ``group_size`` at a time (rollouts of one example
+    together).
+
+    Returns:
+        ``reward`` (mean), ``reward/std``, ``reward/within_group_std`` (mean over groups of the
+        std within a group: 0 means no group has anything to learn from), ``reward/<func>`` per
+        reward function, ``errors/rate``, ``truncated/rate``, ``turns/mean`` (model turns) and
+        ``tokens/completion`` (sampled tokens per rollout).
+    """
+    rewards = [r.reward for r in rollouts]
+    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
+    metrics = {
+        "reward": statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/within_group_std": statistics.fmean(statistics.pstdev(g) for g in groups),
+        "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
+        "truncated/rate": statistics.fmean(float(r.is_truncated) for r in rollouts),
+        "turns/mean": statistics.fmean(len(r.turns) for r in rollouts),
+        "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
+    }
+    for name in sorted({name for r in rollouts for name in r.metrics}):
+        metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
+    return metrics

@@ -1,0 +1,68 @@
+"""What the Trainer pane shows: a line per step, a sample table, generation progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from rich.console import Console
+from rich.table import Table
+
+_console = Console(file=sys.stdout, width=160, soft_wrap=False)
+
+
+def last_text(messages) -> str:
+    """Content of the last message (a prompt's question, a completion's final answer)."""
+    if isinstance(messages, str):
+        return messages
+    return str(messages[-1].get("content") or "") if messages else ""
+
+
+def step_line(step: int, max_steps: int, logs: dict) -> None:
+    """``Step 3/30: reward=0.21 (std 0.09) loss=... entropy=... importance_ratio=...`` and the
+    seconds spent generating, waiting for the batch, training and syncing weights."""
+    g = logs.get
+    print(f"Step {step}/{max_steps}: reward={g('reward', 0):.3f} (std {g('reward/std', 0):.3f}) "
+          f"loss={g('loss', 0):.4f} entropy={g('entropy', 0):.3f} importance_ratio={g('importance_ratio', 0):.3f} "
+          f"grad_norm={g('grad_norm', 0):.3f} | gen={g('timing/generation_s', 0):.1f}s "
+          f"wait={g('timing/wait_s', 0):.1f}s train={g('timing/train_s', 0):.1f}s sync={g('timing/sync_s', 0):.1f}s",
+          flush=True)
+
+
+def eval_line(step: int, logs: dict) -> None:
+    print(f"Eval at step {step}: reward={logs.get('eval/reward', 0):.3f} (std {logs.get('eval/reward/std', 0):.3f}, "
+          f"{logs.get('eval/timing_s', 0):.0f}s)", flush=True)
+
+
+def sample_table(batch, step: int, rows: int = 3) -> None:
+    """A few prompt/completion/reward samples of ``batch``, one per group."""
+    table = Table(title=f"Step {step} samples", show_lines=True, expand=False)
+    table.add_column("prompt", max_width=50, overflow="fold")
+    table.add_column("completion", max_width=80, overflow="fold")
+    table.add_column("reward", justify="right")
+    group = max(len(batch.rollouts) // max(len(batch.row_ids), 1), 1)
+    for r in batch.rollouts[::group][:rows]:
+        completion = last_text(r.completion) if not r.error else f"[error] {r.error}"
+        table.add_row(last_text(r.prompt)[-200:], completion[:400], f"{r.reward:.3f}")
+    _console.print(table)
+
+
+def wait_for_batch(orchestrator, step: int, show: bool):
+    """``orchestrator.get(step)``, showing generation progress while we wait for it."""
+    orchestrator.submit(step)
+    future = orchestrator.futures[step]
+    shown = False
+    deadline = time.monotonic() + orchestrator.generation_timeout + 60
+    while show and not future.done() and time.monotonic() < deadline:
+        try:
+            future.result(timeout=1.0)
+        except FutureTimeout:
+            done, total = orchestrator.progress(step)
+            print(f"\rGenerating batch {step + 1}: {done}/{total} rollouts", end="", flush=True)
+            shown = True
+        except Exception:
+            break
+    if shown:
+        print(flush=True)
+    return orchestrator.get(step)
