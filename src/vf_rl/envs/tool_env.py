@@ -44,10 +44,12 @@ def _param_docs(doc: str) -> dict[str, str]:
     return docs
 
 
-def tool_schema(func: Callable) -> dict:
+def tool_schema(func: Callable, strict: bool = False) -> dict:
     """The OpenAI tool schema of ``func``: its name, the first paragraph of its docstring, and a
     JSON schema of its parameters from the type hints (parameters without a default are
-    required; ``Args:`` lines describe them)."""
+    required; ``Args:`` lines describe them). ``strict`` marks it ``"strict": true`` with no
+    extra properties: vLLM (>= 0.32, hermes parser) then constrains a call's *arguments* to the
+    schema; without it a small model may fill them with free text."""
     doc = inspect.getdoc(func) or ""
     hints = typing.get_type_hints(func)
     params, required = {}, []
@@ -62,9 +64,19 @@ def tool_schema(func: Callable) -> dict:
         if p.default is inspect.Parameter.empty:
             required.append(name)
     summary = doc.split("\n\n")[0].strip()
-    return {"type": "function", "function": {"name": func.__name__, "description": summary,
-                                             "parameters": {"type": "object", "properties": params,
-                                                            "required": required}}}
+    schema = {"type": "function", "function": {"name": func.__name__, "description": summary,
+                                               "parameters": {"type": "object", "properties": params,
+                                                              "required": required}}}
+    if strict:
+        schema["function"]["strict"] = True
+        schema["function"]["parameters"]["additionalProperties"] = False
+    return schema
+
+
+def num_tool_calls(completion, **kwargs) -> float:
+    """Number of tool calls the model made in the rollout (a metric: give it weight 0)."""
+    return float(sum(len(m.get("tool_calls") or []) for m in completion
+                     if isinstance(m, dict) and m.get("role") == "assistant"))
 
 
 class ToolEnv(MultiTurnEnv):
@@ -79,15 +91,16 @@ class ToolEnv(MultiTurnEnv):
         tools: Python functions with type hints and docstrings.
         tool_timeout: seconds one tool call may take.
         tool_choice: passed to the server (``"auto"``; a dict names a tool to force).
+        strict_tools: mark the schemas strict (see :func:`tool_schema`).
     The vLLM server needs ``enable_auto_tool_choice = true`` and a ``tool_call_parser``
     (``[inference.args]``).
     """
 
     def __init__(self, tools: list[Callable] | None = None, max_turns: int = 10, tool_timeout: float = 30.0,
-                 tool_choice: Any = "auto", **kwargs: Any):
+                 tool_choice: Any = "auto", strict_tools: bool = True, **kwargs: Any):
         super().__init__(max_turns=max_turns, **kwargs)
         self.tools = {t.__name__: t for t in tools or []}
-        self.tool_schemas = [tool_schema(t) for t in tools or []]
+        self.tool_schemas = [tool_schema(t, strict=strict_tools) for t in tools or []]
         self.tool_timeout = tool_timeout
         self.tool_choice = tool_choice
 

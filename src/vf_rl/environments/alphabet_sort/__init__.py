@@ -26,8 +26,6 @@ follow-up messages) is stored in the row's ``info``, so a rollout depends only o
 
 from __future__ import annotations
 
-import logging
-import os
 import random
 import re
 from collections.abc import Callable, Iterable
@@ -36,8 +34,8 @@ from difflib import SequenceMatcher
 from datasets import Dataset, load_dataset
 
 from vf_rl.envs import MultiTurnEnv, Rubric
+from vf_rl.envs.hub import check_source, hub_or_offline
 
-logger = logging.getLogger(__name__)
 
 FIRST_TAG = "alphabetical_sorted"
 COMBINED_TAG = "combined_alphabetical_sorted"
@@ -172,17 +170,8 @@ def _faker_names(seed: int) -> Callable[[int], list[str]]:
 
 def _name_source(dataset_name: str, split: str, source: str, seed: int) -> tuple[Callable, bool]:
     """``(supplier, from_hub)``: the hub's author lists, else faker names (see the module docstring)."""
-    offline_env = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if source == "offline" or (source == "auto" and offline_env):
-        return _faker_names(seed), False
-    try:
-        return _hub_names(dataset_name, split), True
-    except Exception as exc:
-        if source == "hub":
-            raise
-        logger.warning("alphabet-sort: hub dataset %s unavailable (%s); using faker names",
-                       dataset_name, type(exc).__name__)
-        return _faker_names(seed), False
+    return hub_or_offline("alphabet-sort", source, lambda: (_hub_names(dataset_name, split), True),
+                          lambda: (_faker_names(seed), False))
 
 
 def tag_lines(text: str, tag: str) -> list[str] | None:
@@ -263,8 +252,7 @@ def load_environment(max_turns: int = 3, min_turns: int = 1, min_names_per_turn:
         raise ValueError(f"alphabet-sort: similarity_power must be > 0, got {similarity_power}")
     if num_eval_examples < 0:
         raise ValueError(f"alphabet-sort: num_eval_examples must be >= 0, got {num_eval_examples}")
-    if source not in {"auto", "hub", "offline"}:
-        raise ValueError(f"alphabet-sort: source must be 'auto', 'hub' or 'offline', got {source!r}")
+    check_source(source, "alphabet-sort")
     if isinstance(few_shot, int) and few_shot not in (0, 1):
         raise ValueError(f"alphabet-sort: few_shot must be 0, 1 or a list of messages, got {few_shot}")
 

@@ -11,16 +11,13 @@ be reached; otherwise the offline phrases shipped in ``data/`` (made by
 from __future__ import annotations
 
 import json
-import logging
-import os
 from difflib import SequenceMatcher
 from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
 from vf_rl.envs import Rubric, SingleTurnEnv, XMLParser
-
-logger = logging.getLogger(__name__)
+from vf_rl.envs.hub import hub_or_offline
 
 DATA_DIR = Path(__file__).parent / "data"
 SYSTEM_PROMPT = "Reverse the text character-by-character. Put your answer in <reversed_text> tags."
@@ -51,19 +48,8 @@ def _offline(split: str) -> Dataset:
 
 
 def _load_rows(dataset_name: str, split: str, source: str) -> Dataset:
-    if source not in {"auto", "hub", "offline"}:
-        raise ValueError(f"reverse-text: source must be 'auto', 'hub' or 'offline', got {source!r}")
-    offline_env = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-    if source == "offline" or (source == "auto" and offline_env):
-        return _offline("eval" if split != "train" else "train")
-    try:
-        return load_dataset(dataset_name, split=split)
-    except Exception as exc:
-        if source == "hub":
-            raise
-        logger.warning("reverse-text: hub dataset %s unavailable (%s); using the offline dataset",
-                       dataset_name, type(exc).__name__)
-        return _offline("eval" if split != "train" else "train")
+    return hub_or_offline("reverse-text", source, lambda: load_dataset(dataset_name, split=split),
+                          lambda: _offline("train" if split == "train" else "eval"))
 
 
 def load_environment(dataset_name: str = "PrimeIntellect/Reverse-Text-RL", dataset_split: str = "train",
@@ -90,9 +76,8 @@ def load_environment(dataset_name: str = "PrimeIntellect/Reverse-Text-RL", datas
                                  "task": "reverse-text"}, remove_columns=["prompt"])
 
     train = to_rows(_load_rows(dataset_name, dataset_split, source), num_train_examples)
-    eval_split = "eval" if source == "offline" else "test"
     try:
-        eval_ds = to_rows(_load_rows(dataset_name, eval_split, source), num_eval_examples)
+        eval_ds = to_rows(_load_rows(dataset_name, "test", source), num_eval_examples)
     except Exception:  # the hub dataset has no eval split: hold out the tail of train
         eval_ds = None
     parser = XMLParser(["reversed_text"], answer_field="reversed_text")

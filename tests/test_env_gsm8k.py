@@ -1,0 +1,114 @@
+"""The gsm8k environment: offline synthetic data, hub fallback, rewards, and a real server run."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pytest
+
+import vf_rl
+from vf_rl.environments import gsm8k
+
+
+def score(env, text: str, answer: str) -> tuple[float, dict]:
+    return asyncio.run(env.rubric.score(prompt=[], completion=[{"role": "assistant", "content": text}],
+                                        answer=answer))
+
+
+@pytest.fixture(scope="module")
+def env():
+    return vf_rl.load_environment("primeintellect/gsm8k", source="offline")
+
+
+def test_offline_dataset_shape(env):
+    train, test = env.get_dataset(), env.get_eval_dataset()
+    assert len(train) == 200 and len(test) == 50
+    assert not set(train["question"]) & set(test["question"])
+    row = train[0]
+    assert re.fullmatch(r"-?\d+", row["answer"]) and row["task"] == "gsm8k"
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    assert "\\boxed{}" in row["prompt"][0]["content"] and row["prompt"][1]["content"] == row["question"]
+
+
+def test_synthetic_sample_is_consistent():
+    """Every calculator note of the shipped sample is right and the final answer is the last result."""
+    for split in ("train", "test"):
+        for row in gsm8k._offline(split):
+            notes = re.findall(r"<<([^=>]+)=([^>]+)>>", row["answer"])
+            assert notes, row
+            for expr, value in notes:
+                assert eval(expr) == int(value), (expr, value)  # noqa: S307 - our own generated arithmetic
+            assert gsm8k.extract_hash_answer(row["answer"]) == notes[-1][1]
+
+
+def test_extract_hash_answer():
+    assert gsm8k.extract_hash_answer("5*240 = 1200\n#### 1,200") == "1200"
+    with pytest.raises(ValueError, match="####"):
+        gsm8k.extract_hash_answer("no final answer")
+
+
+def test_rewards(env):
+    assert score(env, "3*14 = 42, so \\boxed{42}", "42")[0] == 1.0
+    assert score(env, "\\boxed{41}", "42")[0] == 0.0
+    assert score(env, "The answer is 42.", "42")[0] == 0.0  # no \boxed{}: no answer
+    reward, metrics = score(env, "\\boxed{41}", "42")
+    assert metrics == {"boxed_format_reward": 1.0, "correct_answer_reward_func": 0.0}
+    weighted = gsm8k.load_environment(source="offline", format_weight=0.1, num_train_examples=5, num_eval_examples=5)
+    assert score(weighted, "\\boxed{41}", "42")[0] == pytest.approx(0.1)
+    assert score(weighted, "\\boxed{42.0}", "42")[0] == pytest.approx(1.1)
+
+
+def test_few_shot_examples():
+    env = gsm8k.load_environment(source="offline", few_shot=2, num_train_examples=3, num_eval_examples=3)
+    prompt = env.get_dataset()[0]["prompt"]
+    assert [m["role"] for m in prompt] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert "\\boxed{10}" in prompt[2]["content"]
+
+
+def test_offline_fallback(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert len(gsm8k.load_environment().get_dataset()) == 200  # source="auto"
+    with pytest.raises(Exception):
+        gsm8k.load_gsm8k("train", source="hub", dataset_name="openai/gsm8k-not-cached-here")
+
+
+def test_hub_unreachable_falls_back(monkeypatch):
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(gsm8k, "load_dataset", unreachable)
+    assert len(gsm8k.load_gsm8k("test", source="auto")) == 50
+    with pytest.raises(ConnectionError):
+        gsm8k.load_gsm8k("test", source="hub")
+
+
+def test_bad_args():
+    with pytest.raises(ValueError, match="source"):
+        gsm8k.load_environment(source="internet")
+    with pytest.raises(ValueError, match="few_shot"):
+        gsm8k.load_environment(source="offline", few_shot=5)
+    with pytest.raises(ValueError, match="split"):
+        gsm8k.load_gsm8k("validation", source="offline")
+    with pytest.raises(ValueError, match="format_weight"):
+        gsm8k.load_environment(source="offline", format_weight=-1)
+    with pytest.raises(ValueError, match="num_examples"):
+        gsm8k.load_environment(source="offline", num_train_examples=0)
+
+
+@pytest.mark.server
+def test_generate_against_server(server, env):
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x")
+    rows = [env.get_eval_dataset()[i] for i in range(2)]
+    rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 64, "temperature": 1.0}))
+    assert len(rollouts) == 4
+    for r in rollouts:
+        assert r.error is None, r.error
+        assert 0.0 <= r.reward <= 1.0
+        assert len(r.turns) == 1 and r.completion[0]["role"] == "assistant"
+        for turn in r.turns:
+            assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0
