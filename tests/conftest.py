@@ -62,3 +62,16 @@ def server(model_dir, tmp_path_factory) -> Server:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
+
+
+def assert_rollouts_well_formed(rollouts, max_turns: int | None = None, max_reward: float = 1.0) -> None:
+    """Checks every rollout against a real server must pass: no error, reward in range, one
+    assistant message per model turn, and token ids and log-probs of equal, non-zero length."""
+    for r in rollouts:
+        assert r.error is None, r.error
+        assert 0.0 <= r.reward <= max_reward
+        assert len([m for m in r.completion if m["role"] == "assistant"]) == len(r.turns)
+        if max_turns is not None:
+            assert len(r.turns) <= max_turns
+        for turn in r.turns:
+            assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0

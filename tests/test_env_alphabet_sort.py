@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from conftest import assert_rollouts_well_formed
 from datasets import Dataset
 
 import vf_rl.environments.alphabet_sort as alphabet_sort
@@ -190,10 +191,5 @@ def test_alphabet_sort_rollouts_on_real_server(server):
     client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x")
     rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 48, "temperature": 1.0}))
     assert len(rollouts) == 4
-    assert [r.error for r in rollouts] == [None] * 4
     assert any(len(r.turns) > 1 for r in rollouts)
-    for r in rollouts:
-        assert len([m for m in r.completion if m["role"] == "assistant"]) == len(r.turns) <= 2
-        for turn in r.turns:
-            assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0
-        assert 0.0 <= r.reward <= 1.0
+    assert_rollouts_well_formed(rollouts, max_turns=2)

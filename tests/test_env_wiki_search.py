@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import pytest
+from conftest import assert_rollouts_well_formed
 
 import vf_rl
 from vf_rl.environments import wiki_search
@@ -112,11 +113,7 @@ def test_generate_against_server(server, env):
                 + await forced.generate(client, server.model, rows, 2, args))
 
     rollouts = asyncio.run(both())
-    for r in rollouts:
-        assert r.error is None, r.error
-        assert 0.0 <= r.reward <= 1.0
-        for turn in r.turns:
-            assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0
+    assert_rollouts_well_formed(rollouts)
     for r in rollouts[2:]:  # forced search: call, tool result, call (max_turns=2)
         assert len(r.turns) == 2, r.completion
         assert r.completion[0]["role"] == "assistant" and r.completion[0]["tool_calls"], r.completion

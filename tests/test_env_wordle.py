@@ -3,6 +3,7 @@
 import asyncio
 
 import pytest
+from conftest import assert_rollouts_well_formed
 
 from vf_rl.envs import load_environment
 from vf_rl.environments.wordle import (EXAMPLE_SECRET, RULES, WordleEnv, default_allowed_guesses,
@@ -139,10 +140,5 @@ def test_wordle_rollouts_on_real_server(server):
     client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x")
     rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 48, "temperature": 1.0}))
     assert len(rollouts) == 4
-    assert [r.error for r in rollouts] == [None] * 4
     assert any(len(r.turns) > 1 for r in rollouts)
-    for r in rollouts:
-        assert len([m for m in r.completion if m["role"] == "assistant"]) == len(r.turns) <= env.max_turns
-        for turn in r.turns:
-            assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0
-        assert 0.0 <= r.reward <= 1.0
+    assert_rollouts_well_formed(rollouts, max_turns=env.max_turns)

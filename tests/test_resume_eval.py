@@ -80,6 +80,7 @@ def test_kill_and_resume_matches_uninterrupted_run_and_eval_runs(server, model_d
 eval_steps = 2
 num_eval_examples = 2
 eval_rollouts_per_example = 2
+save_total_limit = 1
 report_to = "wandb"
 [trainer.args.wandb]
 project = "vf-rl-test"
@@ -109,6 +110,7 @@ name = "resume-a"''')
     assert "Resuming from" in out_b and "(step 2)" in out_b
 
     a = tmp_path / "a"
+    assert not (a / "checkpoint-2").exists() and (b / "checkpoint-2").exists()  # save_total_limit = 1 in A
     for run in (a, b):
         state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
         assert state["global_step"] == 4

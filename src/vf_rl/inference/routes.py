@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from pathlib import Path
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -42,10 +43,11 @@ async def weight_sync_routes(request: Request, call_next):
         body = await request.json()
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):
             return JSONResponse({"error": "body must be {\"path\": \"<safetensors file or dir>\"}"}, status_code=400)
-        results = await engine.collective_rpc("vf_reload_weights", args=(body["path"],))
+        weights = Path(body["path"])
+        if not (weights.is_file() or (weights.is_dir() and any(weights.glob("*.safetensors")))):
+            return JSONResponse({"error": f"no safetensors weights at {weights}"}, status_code=404)
+        results = await engine.collective_rpc("vf_reload_weights", args=(str(weights),))
         await engine.reset_prefix_cache()
         return JSONResponse({"status": "ok", "workers": results})
-    except FileNotFoundError as exc:
-        return JSONResponse({"error": str(exc)}, status_code=404)
     except Exception as exc:  # report, don't crash the server
         return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)

@@ -24,6 +24,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+try:
+    from transformers.trainer_utils import rotate_checkpoints
+except ImportError:  # transformers 4.x: a Trainer method
+    rotate_checkpoints = None
+
 from vf_rl.config.rl_config import RLConfig
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
@@ -164,6 +169,7 @@ class RLTrainer(Trainer):
         self._synced_step = 0  # the server holds the weights of this optimizer step
         self._step_metrics: dict[str, float] = {}
         self._checkpoint_staging: Path | None = None
+        self._last_eval: tuple[int, dict] = (-1, {})
         self._rows = self._prompt_rows(env.get_dataset(), tokenizer, shuffle=args.shuffle_dataset)
         self._eval_rows = (self._prompt_rows(env.get_eval_dataset(args.num_eval_examples), tokenizer, shuffle=False)
                            if evaluating else [])
@@ -289,6 +295,8 @@ class RLTrainer(Trainer):
         if not self._eval_rows:
             return {}
         step = self.state.global_step
+        if self._last_eval[0] == step:  # Trainer may ask twice at the last step (step and epoch end)
+            return self._last_eval[1]
         self.orchestrator.wait_idle()  # never change the weights under a batch being generated
         if self._synced_step != step:
             self.sync_weights(step)
@@ -298,6 +306,7 @@ class RLTrainer(Trainer):
                    for k, v in rollout_metrics(rollouts, self.args.eval_rollouts_per_example).items()}
         metrics[f"{metric_key_prefix}/timing_s"] = time.perf_counter() - start
         self.log(metrics)
+        self._last_eval = (step, metrics)
         return metrics
 
     # --- weight sync ------------------------------------------------------------------------
@@ -339,7 +348,11 @@ class RLTrainer(Trainer):
                 shutil.rmtree(final)
             os.replace(written, final)
             shutil.rmtree(staging, ignore_errors=True)
-            self._rotate_checkpoints(use_mtime=False, output_dir=str(out))
+            if rotate_checkpoints is not None:  # transformers >= 5
+                rotate_checkpoints(output_dir=str(out), save_total_limit=self.args.save_total_limit,
+                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+            else:
+                self._rotate_checkpoints(use_mtime=False, output_dir=str(out))
         self.accelerator.wait_for_everyone()
 
     # --- logging ------------------------------------------------------------------------------
