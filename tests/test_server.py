@@ -120,3 +120,57 @@ def test_weight_routes_reject_bad_requests(server):
     missing = httpx.post(f"{server.base_url}/update_weights", json={"path": "/no/such/weights"})
     assert missing.status_code == 404 and "no safetensors" in missing.json()["error"]
     assert httpx.post(f"{server.base_url}/reset_prefix_cache").json() == {"status": "ok"}
+
+
+def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(server, env, capfd):
+    """A reward function that raises makes that rollout an error (reward 0, no loss tokens,
+    counted in errors/rate, its cause printed once); a batch where all fail stops the run."""
+    from datasets import Dataset
+
+    from vf_rl.envs import Rubric, SingleTurnEnv
+
+    def picky(completion, answer, **kwargs) -> float:
+        if answer == "bad":
+            raise KeyError("no score for this row")
+        return 1.0
+
+    ds = Dataset.from_list([{"question": "Say hi.", "answer": "ok"}, {"question": "Say yo.", "answer": "bad"}])
+    picky_env = SingleTurnEnv(dataset=ds, rubric=Rubric(funcs=[picky]))
+    rows = list(picky_env.get_dataset())
+    orch = Orchestrator(picky_env, rows, f"{server.base_url}/v1", server.model, batch_size=4, rollouts_per_example=2,
+                        sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=256)
+    try:
+        batch = orch.get(0)
+        assert batch.metrics["errors/rate"] == 0.5
+        assert [r.reward for r in batch.rollouts] == [1.0, 1.0, 0.0, 0.0]
+        assert all("KeyError" in r.error for r in batch.rollouts[2:])
+        assert len(batch.samples) == 2  # the failed rollouts carry no training tokens
+        printed = capfd.readouterr().err
+        assert printed.count("no score for this row") == 1 and "2/4 rollouts failed" in printed
+        orch.rows = [rows[1]]  # every rollout of the next batch fails
+        with pytest.raises(RuntimeError, match="every rollout of batch 1 failed"):
+            orch.get(1)
+    finally:
+        orch.close()
+
+
+def test_vf_eval_against_running_server(server, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "rollouts.jsonl"
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", server.model, "-n", "3",
+                             "-r", "2", "-t", "12", "-a", '{"few_shot": 2, "source": "offline"}',
+                             "--base-url", f"{server.base_url}/v1", "-o", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for key in ("reward ", "reward/std", "reward/within_group_std", "reward/lcs_reward_func", "errors/rate",
+                "time/total_s", "tokens_per_s"):
+        assert key in result.stdout, key
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 6 and all(0.0 <= r["reward"] <= 1.0 for r in records)
+    assert records[0]["prompt"][-1]["role"] == "user" and records[0]["completion"][0]["role"] == "assistant"
+    bad = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", "x", "-a", "[1]"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--env-args must be a JSON object" in bad.stderr

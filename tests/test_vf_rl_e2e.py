@@ -62,6 +62,7 @@ vllm_server_port = {port}
         assert 0.0 <= r["reward"] <= 1.0 and r["tokens/loss"] > 0 and "importance_ratio" in r and "loss" in r
     assert steps[1]["timing/sync_s"] > 0  # weights were pushed before batch 2 was generated
     assert "Step 2/2: reward=" in trainer_log
+    assert "Step 1 samples" in trainer_log and "completion" in trainer_log  # the sample table
     assert "Application startup complete" in (out / "logs" / "inference.log").read_text()
     # the session is closed and the inference server stopped
     assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
