@@ -1,7 +1,7 @@
 """vf-eval: evaluate a model on an environment (the "baseline" step before training).
 
     vf-eval ENV_ID -m MODEL [-n N] [-r R] [-a JSON_ENV_ARGS] [-t MAX_TOKENS] [-T TEMPERATURE]
-            [--base-url URL | --serve] [-o rollouts.jsonl] [--split eval|train]
+            [--base-url URL | --serve [--vllm-args "FLAGS"]] [-o rollouts.jsonl] [--split eval|train]
 
 Runs ``N`` examples x ``R`` rollouts against an OpenAI-compatible server (default: a vf-vllm at
 ``http://127.0.0.1:8000/v1``; ``--serve`` starts a vf-vllm for MODEL on the CPU or GPU first
@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -75,8 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-T", "--temperature", type=float, default=1.0, help="sampling temperature (default 1.0)")
     parser.add_argument("--split", choices=["eval", "train"], default="eval", help="dataset split (default eval)")
     parser.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="OpenAI-compatible server")
-    parser.add_argument("--serve", nargs="*", metavar="VLLM_FLAG",
-                        help="start a vf-vllm for MODEL first (extra vllm flags may follow)")
+    parser.add_argument("--serve", action="store_true", help="start a vf-vllm for MODEL first, stop it afterwards")
+    parser.add_argument("--vllm-args", default="--enforce-eager",
+                        help="flags for the server --serve starts, one string (default: --enforce-eager)")
     parser.add_argument("--max-concurrent", type=int, default=64)
     parser.add_argument("-o", "--output", type=Path, help="rollouts JSONL (default outputs/evals/<env>--<time>.jsonl)")
     opts = parser.parse_args(argv)
@@ -107,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     output = opts.output or Path("outputs/evals") / f"{opts.env_id.replace('/', '--')}--{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     output.parent.mkdir(parents=True, exist_ok=True)
     process, base_url = None, opts.base_url
-    if opts.serve is not None:
+    if opts.serve:
         print(f"vf-eval: starting vf-vllm for {opts.model} ...", flush=True)
-        process, base_url = start_server(opts.model, opts.serve, output.with_suffix(".server.log"))
+        process, base_url = start_server(opts.model, shlex.split(opts.vllm_args), output.with_suffix(".server.log"))
     try:
         sampling = {"max_tokens": opts.max_tokens, "temperature": opts.temperature}
         start = time.perf_counter()
