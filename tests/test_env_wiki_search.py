@@ -108,9 +108,13 @@ def test_generate_against_server(server, env):
     args = {"max_tokens": 64, "temperature": 1.0}
     forced = wiki_search.load_environment(tool_choice=FORCE_SEARCH, max_turns=2)
 
+    # At temperature 1 the 135M model can write a query long enough to hit max_tokens, which
+    # ends the rollout after one turn; greedy decoding with room to spare keeps the test exact.
+    forced_args = {"max_tokens": 128, "temperature": 0.0}
+
     async def both():  # one event loop: the client's connections belong to it
         return (await env.generate(client, server.model, rows, 2, args)
-                + await forced.generate(client, server.model, rows, 2, args))
+                + await forced.generate(client, server.model, rows, 2, forced_args))
 
     rollouts = asyncio.run(both())
     assert_rollouts_well_formed(rollouts)

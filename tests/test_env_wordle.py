@@ -138,7 +138,7 @@ def test_wordle_rollouts_on_real_server(server):
     env = load_environment("wordle", num_train_examples=2, few_shot=1)
     rows = list(env.get_dataset())
     client = AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x")
-    rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 48, "temperature": 1.0}))
-    assert len(rollouts) == 4
+    rollouts = asyncio.run(env.generate(client, server.model, rows, 4, {"max_tokens": 48, "temperature": 1.0}))
+    assert len(rollouts) == 8
     assert any(len(r.turns) > 1 for r in rollouts)
     assert_rollouts_well_formed(rollouts, max_turns=env.max_turns)

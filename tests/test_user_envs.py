@@ -65,9 +65,10 @@ def test_guess_number_rollouts_against_real_server(server, monkeypatch):
     env = load_environment("guess-number", num_examples=2, max_turns=3)
     rows = [env.get_dataset()[i] for i in range(2)]
     client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
-    rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 16, "temperature": 1.0}))
+    rollouts = asyncio.run(env.generate(client, server.model, rows, 4, {"max_tokens": 32, "temperature": 1.0}))
     assert not any(r.error for r in rollouts)
     multi = [r for r in rollouts if len(r.turns) > 1]
+    print(f"{len(multi)}/{len(rollouts)} rollouts went past the first turn")
     assert multi, "no rollout went past the first turn"
     for r in rollouts:
         assert 0.0 <= r.reward <= 1.5
