@@ -124,3 +124,15 @@ def test_reverse_text_bad_args():
 def test_environment_needs_a_dataset():
     with pytest.raises(ValueError, match="dataset"):
         SingleTurnEnv()
+
+
+def test_auto_source_falls_back_fast_when_the_hub_is_unreachable(monkeypatch):
+    import time
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
+    start = time.monotonic()
+    env = load_environment("reverse-text")  # source="auto"
+    assert len(env.get_dataset()) == 2000
+    assert time.monotonic() - start < 15  # no datasets retry loop

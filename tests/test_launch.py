@@ -94,3 +94,20 @@ def test_too_many_gpus_is_an_error_when_launching_but_a_warning_in_dry_run(tmp_p
 def test_main_returns_exit_code_in_process(tmp_path, capsys):
     assert main(["@", str(tmp_path / "missing.toml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+
+
+def test_vf_vllm_serve_arguments():
+    from vf_rl.cli.vllm_server import EXTENSION, MIDDLEWARE, serve_argv
+
+    argv = serve_argv(["--model", "/m", "--port", "8001", "--host", "0.0.0.0"], cpu=True)
+    assert argv[0] == "/m" and "--model" not in argv  # positional, as `vllm serve MODEL` wants
+    assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv.count("--host") == 1  # the user's wins
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[argv.index("--worker-extension-cls") + 1] == EXTENSION
+    assert argv[argv.index("--middleware") + 1] == MIDDLEWARE
+    gpu = serve_argv(["--model=/m", "--dtype", "bfloat16"], cpu=False)
+    assert gpu[0] == "/m" and gpu[gpu.index("--dtype") + 1] == "bfloat16"
+    assert gpu[gpu.index("--host") + 1] == "127.0.0.1"
+    with pytest.raises(SystemExit, match="worker-extension-cls"):
+        serve_argv(["--model", "/m", "--worker-extension-cls", "x.Y"], cpu=True)

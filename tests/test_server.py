@@ -64,6 +64,8 @@ def test_orchestrator_batch_tokens_and_logprobs_match_trainer(server, env, token
         content = rollout.completion[0]["content"]
         for special in [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]:
             text, content = text.replace(special, ""), content.replace(special, "")
+        if rollout.is_truncated:  # cut inside a multi-byte character: vLLM holds back the partial bytes
+            text = text.rstrip("\ufffd")
         assert text == content, (text, content)
         templated = tokenizer.apply_chat_template(rollout.prompt, add_generation_prompt=True, tokenize=True,
                                                   return_dict=False)

@@ -36,6 +36,11 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     if _has_flag(argv, "--worker-extension-cls"):
         raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
     argv += ["--worker-extension-cls", EXTENSION, "--middleware", MIDDLEWARE]
+    for i, arg in enumerate(argv):  # `vllm serve MODEL`: the --model option is deprecated
+        if arg == "--model" and i + 1 < len(argv):
+            return [argv[i + 1], *argv[:i], *argv[i + 2:]]
+        if arg.startswith("--model="):
+            return [arg.split("=", 1)[1], *argv[:i], *argv[i + 1:]]
     return argv
 
 
