@@ -36,6 +36,8 @@ def test_inference_args_become_flags():
     flags = inference_flags({"enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 4096,
                              "tool_call_parser": "hermes", "api_key": None})
     assert flags == ["--enforce-eager", "--max-model-len", "4096", "--tool-call-parser", "hermes"]
+    assert inference_flags({"compilation_config": {"level": 0}, "allowed_origins": ["a", "b"]}) == [
+        "--compilation-config", '{"level": 0}', "--allowed-origins", "a", "b"]
 
 
 def test_gpus_are_contiguous_and_data_parallel_is_derived(tmp_path):

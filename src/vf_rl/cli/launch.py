@@ -18,6 +18,7 @@ This module imports neither torch nor vLLM, so configuration errors are reported
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shlex
@@ -64,8 +65,6 @@ def inference_flags(args: dict) -> list[str]:
         elif isinstance(value, list):
             flags += [flag, *map(str, value)]
         elif isinstance(value, dict):
-            import json
-
             flags += [flag, json.dumps(value)]
         else:
             flags += [flag, str(value)]

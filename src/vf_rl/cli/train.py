@@ -20,19 +20,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config_path, rest = parse_at_args(argv, "vf-train")
-        if [r for r in rest if r != "--resume"]:
-            raise ConfigError(f"vf-train: unknown options {' '.join(r for r in rest if r != '--resume')} "
-                              "(usage: vf-train @ config.toml [--resume])")
+        unknown = [r for r in rest if r != "--resume"]
+        if unknown:
+            raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
         config = load_config(config_path)
     except ConfigError as exc:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    import torch
-
     from vf_rl import RLConfig, RLTrainer, load_environment
 
-    if not torch.cuda.is_available():
-        torch.set_num_threads(max(1, torch.get_num_threads()))
     try:
         args = RLConfig(**config.trainer.args)
         if "--resume" in rest:
