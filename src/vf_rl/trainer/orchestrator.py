@@ -97,9 +97,6 @@ class Orchestrator:
         if step not in self.futures:
             self.futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step), self.loop)
 
-    def in_flight(self) -> bool:
-        return any(not f.done() for f in self.futures.values())
-
     def wait_idle(self) -> None:
         """Block until no batch is being generated (results stay available to ``get``)."""
         for future in list(self.futures.values()):

@@ -94,9 +94,6 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
 class _RunCallback(TrainerCallback):
     """Always save the final step; write ``metrics.jsonl``, the console line and the plot."""
 
-    def __init__(self, trainer: "RLTrainer"):
-        self.trainer = trainer
-
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             control.should_save = True
@@ -163,7 +160,7 @@ class RLTrainer(Trainer):
         self.env = env
         self.remove_callback(ProgressCallback)
         self.add_callback(_QuietProgress)
-        self.add_callback(_RunCallback(self))
+        self.add_callback(_RunCallback)
         self.inference = InferenceClient(args.vllm_server_host, args.vllm_server_port, args.vllm_server_timeout)
         self.orchestrator: Orchestrator | None = None
         self._synced_step = 0  # the server holds the weights of this optimizer step
