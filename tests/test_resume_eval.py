@@ -95,15 +95,19 @@ name = "resume-a"''')
     b = tmp_path / "b"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline and run_b.poll() is None:
-        steps = [r["step"] for r in jsonl(b / "batches.jsonl")] if (b / "batches.jsonl").exists() else []
-        if (b / "checkpoint-2").is_dir() and 3 in steps:
+        # step 3 logged (so step 4 is training now), checkpoint-2 on disk
+        try:
+            logged = [r["step"] for r in jsonl(b / "metrics.jsonl") if "reward" in r]
+        except (FileNotFoundError, json.JSONDecodeError):  # not there yet, or a line half-written
+            logged = []
+        if (b / "checkpoint-2").is_dir() and 3 in logged:
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert run_b.poll() is None, "run B finished before it could be killed"
     run_b.send_signal(signal.SIGKILL)
     run_b.wait()
     assert not (b / "checkpoint-4").exists()
-    assert 3 in [r["step"] for r in jsonl(b / "metrics.jsonl")]  # step 3 was logged, and will be redone
+    assert 3 in [r["step"] for r in jsonl(b / "metrics.jsonl")]  # step 3 was logged; it is after checkpoint-2, so redone
     resumed = train(config_b, "--resume")
     out_b, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out_b[-4000:]
