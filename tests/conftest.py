@@ -32,15 +32,14 @@ class Server:
         self.base_url = f"http://127.0.0.1:{port}"
 
 
-@pytest.fixture(scope="session")
-def server(model_dir, tmp_path_factory) -> Server:
-    """A real vf-vllm (vLLM CPU build) serving SmolLM2-135M-Instruct on a free port."""
+def start_server(model_dir: Path, workdir: Path, *extra: str):
+    """Start a real vf-vllm (vLLM CPU build) serving ``model_dir`` on a free port; yield a
+    :class:`Server`, then stop it."""
     port = free_port()
-    workdir = tmp_path_factory.mktemp("vf-vllm")
     log = workdir / "server.log"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
-            "--enforce-eager", "--max-model-len", "1024", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
+            "--enforce-eager", "--max-model-len", "1024", *extra]
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + 400
@@ -62,6 +61,13 @@ def server(model_dir, tmp_path_factory) -> Server:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, 9)
+
+
+@pytest.fixture(scope="session")
+def server(model_dir, tmp_path_factory) -> Server:
+    """A real vf-vllm (vLLM CPU build) serving SmolLM2-135M-Instruct on a free port."""
+    yield from start_server(model_dir, tmp_path_factory.mktemp("vf-vllm"), "--enable-auto-tool-choice",
+                            "--tool-call-parser", "hermes")
 
 
 def assert_rollouts_well_formed(rollouts, max_turns: int | None = None, max_reward: float = 1.0) -> None:

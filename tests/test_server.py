@@ -15,6 +15,7 @@ from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.batching import micro_batches, rollout_to_samples
 from vf_rl.trainer.loss import selective_logprobs
 from vf_rl.trainer.orchestrator import Orchestrator
+from vf_rl.trainer.weight_sync import BroadcastSync, FilesystemSync
 from vf_rl.trainer.weights import export_weights
 
 pytestmark = pytest.mark.server
@@ -78,42 +79,61 @@ def test_orchestrator_batch_tokens_and_logprobs_match_trainer(server, env, token
     assert (mine - theirs).abs().max().item() < TOLERANCE
 
 
-def sample_once(server, env, temperature=1.0):
+def sample_once(server, env, temperature=1.0, model=None):
     client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
     rows = [env.get_dataset()[0]]
-    rollouts = asyncio.run(env.generate(client, server.model, rows, 2, {"max_tokens": 12, "temperature": temperature}))
+    rollouts = asyncio.run(env.generate(client, model or server.model, rows, 2,
+                                        {"max_tokens": 12, "temperature": temperature}))
     return [r for r in rollouts]
 
 
-def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokenizer, tmp_path):
+def trained_lora_policy(model_dir, r=8):
+    """SmolLM2 with a LoRA adapter whose B matrices are non-zero (as after training)."""
     from peft import LoraConfig, get_peft_model
 
-    base = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
-    original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
-    policy = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    policy = get_peft_model(base, LoraConfig(r=r, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
     torch.manual_seed(0)
-    with torch.no_grad():  # a "trained" adapter
+    with torch.no_grad():
         for name, p in policy.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.02)
+    return policy
+
+
+def max_logprob_diff(model, server, env, tokenizer, served_name=None) -> float:
+    """Sample from the server, then max |trainer - server| log-prob over the sampled tokens."""
+    rollouts = sample_once(server, env, model=served_name)
+    samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 512)]
+    mine, theirs = trainer_logprobs(model, samples, 1.0, tokenizer.pad_token_id)
+    return (mine - theirs).abs().max().item()
+
+
+@pytest.mark.parametrize("transport", ["filesystem", "broadcast"])
+def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokenizer, tmp_path, transport):
+    """Both merged-weight transports: a safetensors file, and the NCCL transport's protocol
+    (group, buckets, HTTP announcement, reload) over gloo, the CPU backend of the same code."""
+    policy = trained_lora_policy(server.model)
+    original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
     client = InferenceClient(port=server.port)
+    if transport == "filesystem":
+        sync = FilesystemSync(client, tmp_path / "w")
+    else:  # 64 MiB buckets: the fp32 135M model goes in several broadcasts
+        sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", bucket_bytes=64 << 20, timeout_s=120)
     try:
-        export_weights(policy, tmp_path / "w")
-        report = client.update_weights(str(tmp_path / "w"))
-        assert report["workers"][0]["tensors"] > 200
-        rollouts = sample_once(server, env)
-        samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 512)]
-        mine, theirs = trainer_logprobs(policy, samples, 1.0, tokenizer.pad_token_id)
-        assert (mine - theirs).abs().max().item() < TOLERANCE
-        old, _ = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
-        assert (old - theirs).abs().max().item() > 20 * TOLERANCE  # the server really changed
+        sync.push(policy)
+        if transport == "broadcast":
+            assert sync.buckets_sent > 5
+        assert max_logprob_diff(policy, server, env, tokenizer) < TOLERANCE
+        # the server really changed: the base model's log-probs are far off now
+        assert max_logprob_diff(original, server, env, tokenizer) > 20 * TOLERANCE
+        sync.push(original)  # a second update through the same group
+        assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
     finally:  # restore the base weights for the other tests
         export_weights(original, tmp_path / "orig")
         client.update_weights(str(tmp_path / "orig"))
-    rollouts = sample_once(server, env)
-    samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 512)]
-    mine, theirs = trainer_logprobs(original, samples, 1.0, tokenizer.pad_token_id)
-    assert (mine - theirs).abs().max().item() < TOLERANCE
+        sync.close()
+    assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
 
 
 def test_weight_routes_reject_bad_requests(server):

@@ -86,7 +86,8 @@ def visible_gpus() -> list[str] | None:
 
 
 FORWARDED_ENV_PREFIXES = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "HUGGING_FACE", "TRANSFORMERS_", "VLLM_",
-                          "VF_RL_", "WANDB_", "NCCL_", "OMP_", "TMPDIR", "HOME")
+                          "VF_RL_", "WANDB_", "NCCL_", "TORCH_", "NVSHMEM_", "CUDA_HOME", "LD_LIBRARY_PATH", "TRITON_",
+                          "OMP_", "TMPDIR", "HOME")
 
 
 def entry_point(name: str, module: str) -> list[str]:
@@ -103,9 +104,20 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
         gpus: the visible GPU ids to hand out (contiguously, inference first).
     """
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
-    inf_gpus, train_gpus = gpus[:n_inf], gpus[n_inf:n_inf + n_train]
+    first_train = 0 if config.inference.shared else n_inf
+    inf_gpus, train_gpus = gpus[:n_inf], gpus[first_train:first_train + n_train]
     targs = config.trainer.args
+    resolved = resolved_trainer_args(config)
     iargs = dict(config.inference.args)
+    if config.inference.shared:  # leave the trainer most of the memory
+        iargs.setdefault("gpu_memory_utilization", SHARED_GPU_MEMORY_UTILIZATION)
+    lora_env = {}
+    if resolved["weight_sync"] == "lora":  # serve the adapter; vLLM's rank choices are 1, 8, 16, 32, ...
+        iargs.setdefault("enable_lora", True)
+        iargs.setdefault("max_lora_rank", next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512)
+                                               if r >= int(resolved["lora_rank"])))
+        iargs.setdefault("max_loras", 1)
+        lora_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     secret_env = {}
     host = str(iargs.get("host", targs.get("vllm_server_host", "127.0.0.1")))
     if host not in LOOPBACK:  # reachable beyond this machine: weight updates need the shared secret
@@ -116,7 +128,7 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
     if n_inf > 1:
         iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
-                                          **secret_env},
+                                          **lora_env, **secret_env},
                             [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
                              *inference_flags(iargs)])
     train_argv = [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
@@ -131,13 +143,24 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
     return inference, trainer
 
 
+SHARED_GPU_MEMORY_UTILIZATION = 0.3
+
+
+def gpus_needed(config: VfRlConfig) -> int:
+    """GPUs a config uses: inference + trainer, or the larger of the two when shared."""
+    if config.inference.shared:
+        return max(config.inference.gpus, config.trainer.gpus)
+    return config.inference.gpus + config.trainer.gpus
+
+
 def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config_path: Path | None = None) -> list[str]:
     """The GPU ids to hand out; an error (a warning on a dry run) if too few are visible."""
-    needed = config.inference.gpus + config.trainer.gpus
+    needed = gpus_needed(config)
     if gpus is None:
         gpus = []
     if needed > len(gpus):
-        message = (f"{config_path or 'config'}: inference.gpus + trainer.gpus = {needed} GPUs, but {len(gpus)} are "
+        what = "max(inference.gpus, trainer.gpus) (shared)" if config.inference.shared else "inference.gpus + trainer.gpus"
+        message = (f"{config_path or 'config'}: {what} = {needed} GPUs, but {len(gpus)} are "
                    f"visible (CUDA_VISIBLE_DEVICES / nvidia-smi); use gpus = 0 to run a side on the CPU")
         if not dry_run:
             raise ConfigError(message)

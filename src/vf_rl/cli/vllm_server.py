@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    if _has_flag(argv, "--enable-lora"):  # the trainer hot-loads its adapter (weight_sync = "lora")
+        os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     _vllm_version_fallback()
     sys.argv = ["vllm", "serve", *serve_argv(argv, cpu)]
     print("vf-vllm:", " ".join(sys.argv), flush=True)

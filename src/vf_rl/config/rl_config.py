@@ -13,6 +13,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
+from .schema import WEIGHT_SYNC_CHOICES
+
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -61,9 +63,14 @@ class RLConfig(TrainingArguments):
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vf-vllm server."})
     vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
     generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch."})
+    # Weight sync
+    weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\", \"nccl\", \"lora\" or \"auto\" (nccl when trainer and server are on different GPUs, else filesystem)."})
+    weight_sync_port: int = field(default=0, metadata={"help": "TCP port for forming the NCCL weight-sync group (0: a free port)."})
+    weight_sync_bucket_mb: int = field(default=1024, metadata={"help": "Largest flat buffer per NCCL broadcast, MiB."})
     # Other
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training rows once (seeded by `seed`)."})
-    use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only)."})
+    use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only; a warning when it is not)."})
+    attn_implementation: str | None = field(default=None, metadata={"help": "Attention kernel; default flash_attention_2 when installed (GPU, bf16), else sdpa."})
 
     # TrainingArguments fields whose defaults differ for RL
     output_dir: str | None = field(default=None, metadata={"help": "Default outputs/<run_name>."})
@@ -117,6 +124,10 @@ class RLConfig(TrainingArguments):
         if self.batch_size % (self.micro_batch_size * self.world_size):
             raise ValueError(f"batch_size ({self.batch_size}) must be divisible by micro_batch_size * processes "
                              f"({self.micro_batch_size} * {self.world_size})")
+        if self.weight_sync not in WEIGHT_SYNC_CHOICES:
+            raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {self.weight_sync!r}")
+        if self.weight_sync == "lora" and not self.use_lora:
+            raise ValueError("weight_sync = 'lora' needs use_lora = true")
         if self.max_tokens > self.max_seq_len:
             raise ValueError(f"max_tokens ({self.max_tokens}) must not exceed max_seq_len ({self.max_seq_len})")
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator
 
 from .fields import MISSING, annotation_type, scheduler_types, trainer_fields
 
@@ -22,6 +22,9 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+
+WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "lora")
 
 
 class ConfigError(Exception):
@@ -39,6 +42,9 @@ class EnvSection(_Section):
 
 class InferenceSection(_Section):
     gpus: StrictInt = Field(ge=0, description="GPUs for vf-vllm (0: run on the CPU).")
+    shared: StrictBool = Field(default=False, description="The trainer runs on the inference GPUs too (one GPU for both): "
+                               "vLLM takes inference.args.gpu_memory_utilization of each GPU's memory (default 0.3 "
+                               "here), the trainer the rest.")
     args: dict[str, Any] = Field(default_factory=dict, description="vf-vllm flags: key -> --kebab-case.")
 
 
@@ -153,12 +159,43 @@ def validate_trainer_args(config: "VfRlConfig") -> None:
                           f"{_suggest(a['lr_scheduler_type'], schedulers)}; one of: {', '.join(schedulers)}")
     if config.trainer.gpus == 0 and a.get("bf16"):
         raise ConfigError("trainer.args.bf16 = true needs a GPU, but trainer.gpus = 0 (CPU training is float32)")
+    validate_weight_sync(config, a)
     port = config.inference.args.get("port")
     if port is not None and port != a["vllm_server_port"]:
         raise ConfigError(f"inference.args.port ({port}) differs from trainer.args.vllm_server_port "
                           f"({a['vllm_server_port']}); set only trainer.args.vllm_server_port")
     if not 0 < int(a["vllm_server_port"]) < 65536:
         raise ConfigError(f"trainer.args.vllm_server_port: not a port number: {a['vllm_server_port']}")
+
+
+def validate_weight_sync(config: "VfRlConfig", a: dict[str, Any]) -> None:
+    """``weight_sync`` against the GPU layout; ``[inference] shared``.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    kind = a["weight_sync"]
+    if kind not in WEIGHT_SYNC_CHOICES:
+        raise ConfigError(f"trainer.args.weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {kind!r}")
+    shared = config.inference.shared
+    if shared and (config.inference.gpus == 0 or config.trainer.gpus == 0):
+        raise ConfigError("inference.shared = true needs inference.gpus >= 1 and trainer.gpus >= 1 "
+                          f"(got {config.inference.gpus} and {config.trainer.gpus})")
+    if kind == "nccl" and (config.inference.gpus == 0 or config.trainer.gpus == 0):
+        raise ConfigError("trainer.args.weight_sync = 'nccl' needs inference.gpus >= 1 and trainer.gpus >= 1; "
+                          "use 'filesystem' on the CPU")
+    if kind == "nccl" and shared:
+        raise ConfigError("trainer.args.weight_sync = 'nccl' cannot work with inference.shared = true (NCCL cannot "
+                          "connect two ranks on one GPU); use 'filesystem' or 'lora'")
+    if kind == "lora" and not a["use_lora"]:
+        raise ConfigError("trainer.args.weight_sync = 'lora' needs trainer.args.use_lora = true")
+    if kind == "lora" and a.get("lora_modules_to_save"):
+        raise ConfigError("trainer.args.weight_sync = 'lora' cannot send lora_modules_to_save (vLLM serves adapters "
+                          "only); use 'filesystem' or 'nccl'")
+    if a["weight_sync_bucket_mb"] <= 0:
+        raise ConfigError(f"trainer.args.weight_sync_bucket_mb: must be positive, got {a['weight_sync_bucket_mb']}")
+    if not 0 <= a["weight_sync_port"] < 65536:
+        raise ConfigError(f"trainer.args.weight_sync_port: not a port number: {a['weight_sync_port']}")
 
 
 def validate_inference_args(config: "VfRlConfig") -> None:

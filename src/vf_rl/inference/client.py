@@ -47,7 +47,45 @@ class InferenceClient:
         response = self.http.post(route, json=json or {})
         if response.status_code != 200:
             raise RuntimeError(f"vf-vllm {route} failed ({response.status_code}): {response.text[:500]}")
+        try:
+            return response.json()
+        except ValueError:  # vLLM's LoRA routes answer plain text
+            return {"status": response.text}
+
+    def weight_sync_info(self) -> dict:
+        """``{"workers": int, "devices": [GPU UUID or "cpu", one per vLLM worker]}``."""
+        response = self.http.get("/weight_sync_info")
+        if response.status_code != 200:
+            raise RuntimeError(f"vf-vllm /weight_sync_info failed ({response.status_code}): {response.text[:500]} "
+                               "(is the server vf-vllm, not plain vllm serve?)")
         return response.json()
+
+    def init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
+        """Make every vLLM worker join the trainer's broadcast group (returns when all joined)."""
+        return self._post("/init_weight_broadcast", {"host": host, "port": port, "world_size": world_size,
+                                                     "backend": backend, "timeout_s": timeout_s})
+
+    def update_weights_broadcast(self, buckets: list[dict]) -> dict:
+        """Announce a broadcast weight update (``Bucket.to_json()`` per bucket); returns when
+        every worker has received and reloaded the weights."""
+        return self._post("/update_weights_broadcast", {"buckets": buckets})
+
+    def load_lora_adapter(self, name: str, path: str) -> dict:
+        """Load (or reload in place) the peft adapter at ``path`` as model ``name``.
+
+        Raises:
+            RuntimeError: the server has no runtime LoRA loading (start vf-vllm with
+                ``--enable-lora --max-lora-rank R``; ``vf-rl`` does for ``weight_sync = "lora"``).
+        """
+        response = self.http.post("/v1/load_lora_adapter",
+                                  json={"lora_name": name, "lora_path": path, "load_inplace": True})
+        if response.status_code == 404:
+            raise RuntimeError("vf-vllm has no /v1/load_lora_adapter: start it with --enable-lora --max-lora-rank R "
+                               "(vf-rl does this for weight_sync = 'lora')")
+        if response.status_code != 200:
+            raise RuntimeError(f"vf-vllm /v1/load_lora_adapter failed ({response.status_code}): {response.text[:500]}")
+        self.reset_prefix_cache()
+        return {"status": response.text}
 
     def update_weights(self, path: str) -> dict:
         """Make the server reload its weights from safetensors at ``path`` (a path the server

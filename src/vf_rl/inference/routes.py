@@ -3,7 +3,12 @@ middleware (``vllm serve --middleware vf_rl.inference.routes.weight_sync_routes`
 
 Routes (all JSON):
     GET  /get_world_size      -> {"world_size": tensor_parallel * data_parallel}
+    GET  /weight_sync_info    -> {"workers": int, "devices": [GPU UUID or "cpu", one per worker]}
     POST /update_weights      {"path": str} -> reload the weights in every worker
+    POST /init_weight_broadcast   {"host", "port", "world_size", "backend", "timeout_s"}
+                              -> every worker joins the trainer's broadcast group
+    POST /update_weights_broadcast {"buckets": [Bucket.to_json(), ...]}
+                              -> every worker receives the buckets the trainer broadcasts, reloads
     POST /reset_prefix_cache  -> drop cached KV blocks computed with old weights
 
 If the environment variable ``VF_RL_WEIGHT_SECRET`` is set, the update routes require the
@@ -21,7 +26,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 SECRET_HEADER = "X-VF-RL-Secret"
-ROUTES = {("GET", "/get_world_size"), ("POST", "/update_weights"), ("POST", "/reset_prefix_cache")}
+ROUTES = {("GET", "/get_world_size"), ("GET", "/weight_sync_info"), ("POST", "/update_weights"),
+          ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/reset_prefix_cache")}
 
 
 async def weight_sync_routes(request: Request, call_next):
@@ -40,7 +46,22 @@ async def weight_sync_routes(request: Request, call_next):
         if path == "/reset_prefix_cache":
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok"})
+        if path == "/weight_sync_info":
+            devices = await engine.collective_rpc("vf_device_uuid")
+            return JSONResponse({"workers": len(devices), "devices": devices})
         body = await request.json()
+        if path == "/init_weight_broadcast":
+            keys = ("host", "port", "world_size", "backend", "timeout_s")
+            if not isinstance(body, dict) or any(k not in body for k in keys):
+                return JSONResponse({"error": f"body needs keys {list(keys)}"}, status_code=400)
+            results = await engine.collective_rpc("vf_init_broadcast", args=tuple(body[k] for k in keys))
+            return JSONResponse({"status": "ok", "workers": results})
+        if path == "/update_weights_broadcast":
+            if not isinstance(body, dict) or not isinstance(body.get("buckets"), list):
+                return JSONResponse({"error": "body must be {\"buckets\": [...]}"}, status_code=400)
+            results = await engine.collective_rpc("vf_receive_broadcast", args=(body["buckets"],))
+            await engine.reset_prefix_cache()
+            return JSONResponse({"status": "ok", "workers": results})
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):
             return JSONResponse({"error": "body must be {\"path\": \"<safetensors file or dir>\"}"}, status_code=400)
         weights = Path(body["path"])

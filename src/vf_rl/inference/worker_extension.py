@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from .buckets import DTYPES, Bucket, unpack_bucket
+
 
 class WeightSyncExtension:
     """Methods called on every vLLM worker by vf-vllm's weight-update routes."""
@@ -41,5 +43,70 @@ class WeightSyncExtension:
         weights = {}
         for f in files:
             weights.update(load_file(str(f), device=device))
-        self.model_runner.reload_weights(weights_iterator=iter(weights.items()), is_checkpoint_format=True)
+        return self._vf_reload(weights.items(), start)
+
+    def _vf_reload(self, weights, start: float) -> dict:
+        weights = list(weights)
+        self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return {"tensors": len(weights), "seconds": time.perf_counter() - start}
+
+    # --- the broadcast (nccl) transport -----------------------------------------------------
+
+    def vf_broadcast_rank(self) -> int:
+        """This worker's rank in the weight-broadcast group: 1 + its global index over data
+        parallel x pipeline parallel x tensor parallel (the trainer is rank 0)."""
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        parallel = self.vllm_config.parallel_config
+        tp, pp = get_tp_group(), get_pp_group()
+        per_engine = tp.world_size * pp.world_size
+        return 1 + parallel.data_parallel_rank * per_engine + pp.rank_in_group * tp.world_size + tp.rank_in_group
+
+    def vf_init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
+        """Join the trainer's weight-broadcast group (blocks until every member has joined).
+
+        Returns ``{"rank": int, "device": str}``."""
+        from .communicator import BroadcastGroup
+
+        if getattr(self, "_vf_group", None) is not None:
+            self._vf_group.close()
+        rank = self.vf_broadcast_rank()
+        device = self.device if backend == "nccl" else None
+        self._vf_group = BroadcastGroup(host, port, rank, world_size, backend, timeout_s, device=device)
+        return {"rank": rank, "device": str(self._vf_group.device)}
+
+    def vf_receive_broadcast(self, buckets: list[dict]) -> dict:
+        """Receive one weight update as broadcast buckets (see ``buckets.py``) and reload.
+
+        Args:
+            buckets: ``Bucket.to_json()`` of each bucket, in the order they are broadcast.
+        Raises:
+            RuntimeError: no broadcast group (``vf_init_broadcast`` was not called).
+        """
+        import torch
+
+        group = getattr(self, "_vf_group", None)
+        if group is None:
+            raise RuntimeError("no weight-broadcast group: POST /init_weight_broadcast first")
+        start = time.perf_counter()
+        weights = []
+        for data in buckets:
+            bucket = Bucket.from_json(data)
+            buffer = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=group.device)
+            group.broadcast(buffer)
+            weights += unpack_bucket(bucket, buffer)
+        return self._vf_reload(weights, start)
+
+    def vf_close_broadcast(self) -> None:
+        if getattr(self, "_vf_group", None) is not None:
+            self._vf_group.close()
+            self._vf_group = None
+
+    def vf_device_uuid(self) -> str:
+        """The UUID of this worker's GPU ("cpu" without one), so the trainer can tell whether
+        it shares a GPU with the server (NCCL cannot connect two ranks on one GPU)."""
+        import torch
+
+        if self.device.type != "cuda":
+            return "cpu"
+        return str(torch.cuda.get_device_properties(self.device).uuid)

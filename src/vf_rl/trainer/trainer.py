@@ -13,11 +13,13 @@ environment's eval split; it does not change which rows the training batches use
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -38,14 +40,43 @@ from . import display
 from .batching import micro_batches, shard
 from .loss import cispo_loss, selective_logprobs
 from .orchestrator import Batch, Orchestrator
-from .weights import export_weights
+from .weight_sync import LORA_NAME, device_uuid, make_weight_sync, resolve_weight_sync
+
+
+def attention_implementation(args: RLConfig) -> str:
+    """``args.attn_implementation`` if set; else ``flash_attention_2`` on a GPU in bf16 when
+    the ``flash_attn`` package is installed, ``sdpa`` otherwise."""
+    if args.attn_implementation:
+        return args.attn_implementation
+    if args.bf16 and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
+    """Patch ``model`` with liger-kernel's fused kernels (RMSNorm, RoPE, SwiGLU) when
+    ``args.use_liger`` and training on a GPU. Warns (once) and returns False when
+    liger-kernel is not installed; returns whether the model was patched."""
+    if not args.use_liger or not torch.cuda.is_available() or args.use_cpu:
+        return False
+    if importlib.util.find_spec("liger_kernel") is None:
+        warnings.warn("use_liger = true but liger-kernel is not installed: training without it "
+                      "(pip install liger-kernel, or set use_liger = false to silence this)", stacklevel=2)
+        return False
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model)
+    return True
 
 
 def load_model(model: str, args: RLConfig) -> PreTrainedModel:
     """Load a causal LM (hub id or local directory) for training: bf16 when ``args.bf16``,
-    float32 otherwise; sdpa attention."""
+    float32 otherwise; attention from :func:`attention_implementation`; liger kernels from
+    :func:`apply_liger`."""
     dtype = torch.bfloat16 if args.bf16 else torch.float32
-    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation="sdpa")
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attention_implementation(args))
+    apply_liger(loaded, args)
+    return loaded
 
 
 def apply_lora(model: PreTrainedModel, args: RLConfig):
@@ -147,6 +178,8 @@ class RLTrainer(Trainer):
             model = load_model(model, args)
         if args.gradient_checkpointing:
             model.config.use_cache = False
+            if args.gradient_checkpointing_kwargs is None:  # non-reentrant: works with frozen inputs (LoRA)
+                args.gradient_checkpointing_kwargs = {"use_reentrant": False}
         tokenizer = processing_class or AutoTokenizer.from_pretrained(model_id)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -162,7 +195,8 @@ class RLTrainer(Trainer):
         self.add_callback(_QuietProgress)
         self.add_callback(_RunCallback)
         self.inference = InferenceClient(args.vllm_server_host, args.vllm_server_port, args.vllm_server_timeout)
-        self.orchestrator: Orchestrator | None = None
+        self.orchestrator: Orchestrator | None = None  # main process only
+        self.weight_sync = None  # main process only: a transport from weight_sync.py
         self._synced_step = 0  # the server holds the weights of this optimizer step
         self._step_metrics: dict[str, float] = {}
         self._checkpoint_staging: Path | None = None
@@ -201,16 +235,32 @@ class RLTrainer(Trainer):
             self._prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
             print(f"Waiting for vf-vllm at {self.inference.base_url} ...", flush=True)
-        self.inference.wait_until_ready(self.args.vllm_server_timeout)
-        a = self.args
-        self.orchestrator = Orchestrator(
-            self.env, self._rows, f"{self.inference.base_url}/v1", self.served_model_name, a.batch_size,
-            a.rollouts_per_example, a.sampling_args(), a.max_seq_len, a.max_concurrent, a.generation_timeout,
-            a.mask_truncated_completions, a.zero_truncated_completions, a.mask_env_responses)
+            self.inference.wait_until_ready(self.args.vllm_server_timeout)
+            self._start_inference_side()
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
-            self.orchestrator.close()
+            if self.orchestrator is not None:
+                self.orchestrator.close()
+            if self.weight_sync is not None:
+                self.weight_sync.close()
+
+    def _start_inference_side(self) -> None:
+        """Main process: pick and open the weight-sync transport, start the orchestrator."""
+        a = self.args
+        info = self.inference.weight_sync_info()
+        kind = resolve_weight_sync(a.weight_sync, a.use_lora, device_uuid(a.device), info["devices"])
+        self.weight_sync = make_weight_sync(kind, self.inference, Path(a.output_dir), a.device, a.weight_sync_port,
+                                            a.weight_sync_bucket_mb, a.vllm_server_timeout)
+        model_name = self.served_model_name
+        if kind == "lora":  # rollouts ask for the adapter, which must exist before the first batch
+            self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+            model_name = LORA_NAME
+        print(f"Weight sync: {kind}" + (" (auto)" if a.weight_sync == "auto" else ""), flush=True)
+        self.orchestrator = Orchestrator(
+            self.env, self._rows, f"{self.inference.base_url}/v1", model_name, a.batch_size,
+            a.rollouts_per_example, a.sampling_args(), a.max_seq_len, a.max_concurrent, a.generation_timeout,
+            a.mask_truncated_completions, a.zero_truncated_completions, a.mask_env_responses)
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint
@@ -225,31 +275,46 @@ class RLTrainer(Trainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         step = self.state.global_step
+        main = self.is_world_process_zero()
         start = time.perf_counter()
-        if step not in self.orchestrator.futures and self._synced_step != step:
+        if main and step not in self.orchestrator.futures and self._synced_step != step:
             self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
         sync_s = time.perf_counter() - start
         start = time.perf_counter()
-        batch = display.wait_for_batch(self.orchestrator, step, self.is_world_process_zero())
+        batch = display.wait_for_batch(self.orchestrator, step, True) if main else None
         wait_s = time.perf_counter() - start
         start = time.perf_counter()
         if self._synced_step != step:
             self.sync_weights(step)
         sync_s += time.perf_counter() - start
-        if step + 1 < self.args.max_steps:
+        if main and step + 1 < self.args.max_steps:
             self.orchestrator.submit(step + 1)
+        batch = self._share_batch(batch)
         start = time.perf_counter()
         loss, stats = self._train_on_batch(model, batch)
         train_s = time.perf_counter() - start
+        if self.args.torch_empty_cache_steps and (step + 1) % self.args.torch_empty_cache_steps == 0:
+            from accelerate.utils import clear_device_cache
+
+            clear_device_cache()
         self._step_metrics = {**batch.metrics, **stats, "timing/wait_s": wait_s, "timing/sync_s": sync_s,
                               "timing/train_s": train_s,
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(train_s, 1e-9)}
-        if self.is_world_process_zero():
+        if main:
             _append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": step + 1, "rows": batch.row_ids})
             if step % max(int(self.args.logging_steps), 1) == 0:
                 display.sample_table(batch, step + 1)
                 self._log_sample_table(batch)
         return loss
+
+    def _share_batch(self, batch: Batch | None) -> Batch:
+        """Several processes: the main process's batch, sent to every other process (each
+        then trains on its own shard of it)."""
+        if self.args.world_size == 1:
+            return batch
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([batch], from_process=0)[0]
 
     def _train_on_batch(self, model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
         a = self.args
@@ -294,9 +359,13 @@ class RLTrainer(Trainer):
         step = self.state.global_step
         if self._last_eval[0] == step:  # Trainer may ask twice at the last step (step and epoch end)
             return self._last_eval[1]
-        self.orchestrator.wait_idle()  # never change the weights under a batch being generated
+        if self.is_world_process_zero():
+            self.orchestrator.wait_idle()  # never change the weights under a batch being generated
         if self._synced_step != step:
             self.sync_weights(step)
+        if not self.is_world_process_zero():  # the main process rolls out and logs
+            self._last_eval = (step, {})
+            return {}
         start = time.perf_counter()
         rollouts = self.orchestrator.run(self._eval_rows, self.args.eval_rollouts_per_example)
         metrics = {f"{metric_key_prefix}/{k}": v
@@ -309,11 +378,10 @@ class RLTrainer(Trainer):
     # --- weight sync ------------------------------------------------------------------------
 
     def sync_weights(self, step: int) -> None:
-        """Push the current weights (LoRA merged in) to the inference server."""
+        """Push the current weights to the inference server through the weight-sync
+        transport (main process; the others wait)."""
         if self.is_world_process_zero():
-            path = Path(self.args.output_dir) / "weights"
-            export_weights(self.accelerator.unwrap_model(self.model), path)
-            self.inference.update_weights(str(path.resolve()))
+            self.weight_sync.push(self.accelerator.unwrap_model(self.model))
         self.accelerator.wait_for_everyone()
         self._synced_step = step
 

@@ -14,12 +14,14 @@ import torch
 from safetensors.torch import save_file
 
 
-def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def merged_state_dict(model: torch.nn.Module, device: str | torch.device | None = "cpu") -> dict[str, torch.Tensor]:
     """Checkpoint-format state dict (names as ``save_pretrained`` writes them) of ``model``
     with any LoRA adapter merged. Tied output embeddings are left out.
 
+    Args:
+        device: where the returned tensors live (``None``: where the model's weights are).
     Returns:
-        name -> contiguous CPU tensor in the model's dtype.
+        name -> contiguous tensor in the model's dtype.
     """
     from peft import PeftModel
     from peft.tuners.lora import LoraLayer
@@ -43,7 +45,8 @@ def merged_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if ".original_module." in clean:
                 continue
             clean = clean.replace(".modules_to_save.default.", ".")
-            state[clean] = tensor.detach().to("cpu").contiguous()
+            tensor = tensor.detach()
+            state[clean] = (tensor if device is None else tensor.to(device)).contiguous()
     if getattr(base.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)
     return state

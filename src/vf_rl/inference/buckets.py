@@ -1,0 +1,100 @@
+"""Weight buckets: many named tensors packed into a few flat buffers, so a weight update is a
+handful of large collective broadcasts instead of one message per tensor.
+
+The trainer packs (:func:`pack_buckets`), sends each bucket's metadata as JSON over HTTP and
+broadcasts each buffer; every vLLM worker allocates the same buffers, receives them and
+unpacks them (:func:`unpack_bucket`) into views. Used by the ``nccl`` weight-sync transport.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64)}
+
+
+@dataclass
+class Bucket:
+    """One flat buffer's worth of tensors, all of one dtype.
+
+    Attributes:
+        dtype: dtype name (``"bfloat16"``, ``"float16"``, ``"float32"``, ``"float64"``).
+        tensors: ``(name, shape, offset)`` per tensor; ``offset`` in elements from the start
+            of the buffer.
+        numel: elements in the buffer.
+    """
+
+    dtype: str
+    tensors: list[tuple[str, list[int], int]] = field(default_factory=list)
+    numel: int = 0
+
+    def to_json(self) -> dict:
+        return {"dtype": self.dtype, "numel": self.numel, "tensors": [list(t) for t in self.tensors]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Bucket":
+        """Raises ``ValueError`` on an unknown dtype or inconsistent offsets."""
+        if data.get("dtype") not in DTYPES:
+            raise ValueError(f"bucket dtype must be one of {sorted(DTYPES)}, got {data.get('dtype')!r}")
+        bucket = cls(data["dtype"], [(str(n), [int(s) for s in shape], int(o)) for n, shape, o in data["tensors"]],
+                     int(data["numel"]))
+        end = 0
+        for name, shape, offset in bucket.tensors:
+            if offset != end:
+                raise ValueError(f"bucket tensor {name}: offset {offset}, expected {end}")
+            end += _numel(shape)
+        if end != bucket.numel:
+            raise ValueError(f"bucket numel {bucket.numel} != sum of its tensors {end}")
+        return bucket
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
+    """Group tensors into buckets of at most ``bucket_bytes`` bytes per dtype, in the given
+    order. A tensor larger than ``bucket_bytes`` gets a bucket of its own.
+
+    Args:
+        named_tensors: ``(name, tensor)`` pairs; tensors of any device, dtypes in ``DTYPES``.
+        bucket_bytes: the largest buffer to build (bytes, > 0).
+    Raises:
+        ValueError: ``bucket_bytes`` not positive, or a tensor of an unsupported dtype.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
+    open_buckets: dict[str, Bucket] = {}
+    done: list[Bucket] = []
+    for name, tensor in named_tensors:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {tensor.dtype} cannot be sent (expected one of {sorted(DTYPES)})")
+        size = tensor.numel() * tensor.element_size()
+        bucket = open_buckets.get(dtype)
+        if bucket is not None and bucket.numel and (bucket.numel * tensor.element_size() + size > bucket_bytes):
+            done.append(bucket)
+            bucket = None
+        if bucket is None:
+            bucket = open_buckets[dtype] = Bucket(dtype)
+        bucket.tensors.append((name, list(tensor.shape), bucket.numel))
+        bucket.numel += tensor.numel()
+    return done + [b for b in open_buckets.values() if b.numel]
+
+
+def pack_bucket(bucket: Bucket, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The flat buffer of ``bucket``: 1-D, ``bucket.numel`` elements of its dtype, on the
+    device of its tensors."""
+    parts = [tensors[name].reshape(-1) for name, _, _ in bucket.tensors]
+    return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+
+def unpack_bucket(bucket: Bucket, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Views of ``buffer`` (1-D, ``bucket.numel`` elements) shaped as the bucket's tensors."""
+    return [(name, buffer[offset:offset + _numel(shape)].view(shape)) for name, shape, offset in bucket.tensors]

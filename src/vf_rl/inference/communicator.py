@@ -1,0 +1,71 @@
+"""A weight-broadcast group between the trainer (rank 0) and the vLLM workers (ranks 1..N).
+
+Built from torch's own c10d pieces without ``init_process_group``: a ``TCPStore`` hosted by
+the trainer and a standalone ``ProcessGroupNCCL`` (GPUs) or ``ProcessGroupGloo`` (CPU, used
+by the tests). vLLM's workers keep their own default process group untouched. The trainer
+picks a free port for the store unless one is configured (the original hard-coded one).
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+
+import torch
+import torch.distributed as dist
+
+STORE_PREFIX = "vf-rl-weights"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now at ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class BroadcastGroup:
+    """One member of the weight-broadcast group.
+
+    Args:
+        host, port: the trainer's ``TCPStore`` (rank 0 hosts it).
+        rank: 0 for the trainer, 1.. for vLLM workers.
+        world_size: 1 + the number of vLLM workers.
+        backend: ``"nccl"`` (tensors on this process's CUDA device) or ``"gloo"`` (CPU).
+        timeout_s: seconds to wait for the others to join, and for each broadcast.
+    Raises:
+        ValueError: unknown backend.
+        RuntimeError / DistStoreError: the others did not join within ``timeout_s``.
+    """
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0,
+                 device: torch.device | None = None):
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.device = device or (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
+                                 else torch.device("cpu"))
+        self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
+        prefixed = dist.PrefixStore(STORE_PREFIX, self.store)
+        if backend == "nccl":
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+        else:
+            self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` in place from rank 0 to every member (blocks until done)."""
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([tensor], options).wait()
+        if self.backend == "nccl":
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def close(self) -> None:
+        shutdown = getattr(self.group, "shutdown", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # best effort: the peer may be gone already
+                pass
+        self.group = None

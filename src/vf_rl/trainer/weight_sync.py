@@ -1,0 +1,190 @@
+"""Weight sync: how the trainer's new weights reach the vLLM server after each step.
+
+Transports (``weight_sync`` in ``[trainer.args]``):
+
+``filesystem``
+    LoRA merged in, one safetensors file written to ``<output_dir>/weights``, the server
+    reloads it (``POST /update_weights``). Works everywhere (CPU, one shared GPU, several).
+``nccl``
+    The trainer (rank 0) and every vLLM worker form a broadcast group (``communicator.py``);
+    each update broadcasts the merged weights GPU to GPU in a few flat buckets of at most
+    ``weight_sync_bucket_mb`` (``buckets.py``), announced by one ``POST
+    /update_weights_broadcast``. Needs the trainer and the server on different GPUs.
+``lora``
+    Only the adapter moves: saved with peft and hot-loaded into vLLM's LoRA support
+    (``POST /v1/load_lora_adapter``, ``load_inplace``); rollouts then ask for the adapter by
+    name. Needs ``use_lora`` and a server started with ``--enable-lora`` (``vf-rl`` adds it).
+``auto`` (default)
+    ``nccl`` when the trainer's GPU is not one of the server's, else ``filesystem``
+    (:func:`resolve_weight_sync`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from vf_rl.config.schema import WEIGHT_SYNC_CHOICES as CHOICES
+from vf_rl.inference.buckets import pack_bucket, plan_buckets
+from vf_rl.inference.client import InferenceClient
+
+from .weights import export_weights, merged_state_dict
+
+LORA_NAME = "vf-rl-lora"
+
+
+def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, server_devices: list[str]) -> str:
+    """The transport to use.
+
+    Args:
+        requested: one of ``CHOICES``.
+        use_lora: the trainer trains a LoRA adapter.
+        trainer_device: the trainer's GPU UUID, or ``"cpu"``.
+        server_devices: one GPU UUID (or ``"cpu"``) per vLLM worker.
+    Raises:
+        ValueError: a transport that cannot work in this setup (one line, naming the key).
+    """
+    if requested not in CHOICES:
+        raise ValueError(f"weight_sync: expected one of {', '.join(CHOICES)}, got {requested!r}")
+    on_cpu = trainer_device == "cpu" or "cpu" in server_devices
+    shared = trainer_device in server_devices
+    if requested == "auto":
+        return "filesystem" if on_cpu or shared else "nccl"
+    if requested == "nccl" and on_cpu:
+        raise ValueError("weight_sync = 'nccl' needs the trainer and the vLLM server on GPUs; use 'filesystem'")
+    if requested == "nccl" and shared:
+        raise ValueError("weight_sync = 'nccl' cannot connect two ranks on one GPU, and the trainer shares a GPU with "
+                         "the vLLM server; use 'filesystem' or 'lora'")
+    if requested == "lora" and not use_lora:
+        raise ValueError("weight_sync = 'lora' needs use_lora = true")
+    return requested
+
+
+def device_uuid(device: torch.device) -> str:
+    """The UUID of ``device`` if it is a GPU, else ``"cpu"``."""
+    if device.type != "cuda":
+        return "cpu"
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+class FilesystemSync:
+    """Merged weights through a safetensors file the server reads (same machine or shared
+    filesystem)."""
+
+    name = "filesystem"
+
+    def __init__(self, client: InferenceClient, directory: Path):
+        self.client, self.directory = client, Path(directory)
+
+    def push(self, model: torch.nn.Module) -> None:
+        path = export_weights(model, self.directory)
+        self.client.update_weights(str(path.resolve()))
+
+    def close(self) -> None:
+        pass
+
+
+class BroadcastSync:
+    """Merged weights broadcast from the trainer's device to every vLLM worker.
+
+    Args:
+        client: the server's client.
+        device: where the trainer's weights live (the broadcast buffers are built there).
+        backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU; for tests).
+        host: address of this machine that the vLLM workers can reach.
+        port: the group's TCPStore port (0: a free one).
+        bucket_bytes: largest flat buffer per broadcast (bytes).
+        timeout_s: seconds to form the group and for each update.
+    Raises:
+        RuntimeError: the server could not join (its error message).
+    """
+
+    name = "nccl"
+
+    def __init__(self, client: InferenceClient, device: torch.device, backend: str = "nccl", host: str = "127.0.0.1",
+                 port: int = 0, bucket_bytes: int = 1 << 30, timeout_s: float = 300.0):
+        from vf_rl.inference.communicator import BroadcastGroup, free_port
+
+        self.client, self.bucket_bytes = client, bucket_bytes
+        workers = client.weight_sync_info()["workers"]
+        port = port or free_port(host)
+        world_size = 1 + workers
+        joined = _in_thread(client.init_broadcast, host, port, world_size, backend, timeout_s)
+        self.group = BroadcastGroup(host, port, 0, world_size, backend, timeout_s, device=device)
+        joined()
+        self.buckets_sent = 0
+
+    def push(self, model: torch.nn.Module) -> None:
+        tensors = merged_state_dict(model, device=None)
+        buckets = plan_buckets(tensors.items(), self.bucket_bytes)
+        received = _in_thread(self.client.update_weights_broadcast, [b.to_json() for b in buckets])
+        for bucket in buckets:
+            self.group.broadcast(pack_bucket(bucket, tensors).to(self.group.device))
+        received()
+        self.buckets_sent = len(buckets)
+
+    def close(self) -> None:
+        self.group.close()
+
+
+class LoraSync:
+    """Only the LoRA adapter: saved with peft, hot-loaded into vLLM as ``LORA_NAME``."""
+
+    name = "lora"
+
+    def __init__(self, client: InferenceClient, directory: Path):
+        self.client, self.directory = client, Path(directory)
+
+    def push(self, model: torch.nn.Module) -> None:
+        final = self.directory / "lora"
+        staging = self.directory / ".lora-tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        model.save_pretrained(str(staging))
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        self.client.load_lora_adapter(LORA_NAME, str(final.resolve()))
+
+    def close(self) -> None:
+        pass
+
+
+def _in_thread(fn, *args):
+    """Start ``fn(*args)`` in a thread (an HTTP call the server answers only once our side of
+    a collective has run); return a function that joins it and re-raises its error."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn(*args)
+        except BaseException as exc:  # re-raised in the caller's thread
+            result["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join():
+        thread.join()
+        if "error" in result:
+            raise result["error"]
+        return result.get("value")
+
+    return join
+
+
+def make_weight_sync(kind: str, client: InferenceClient, output_dir: Path, device: torch.device, port: int = 0,
+                     bucket_mb: int = 1024, timeout_s: float = 300.0):
+    """The transport object for a resolved ``kind`` (not ``auto``)."""
+    start = time.perf_counter()
+    if kind == "filesystem":
+        return FilesystemSync(client, Path(output_dir) / "weights")
+    if kind == "lora":
+        return LoraSync(client, Path(output_dir) / "weights")
+    if kind == "nccl":
+        sync = BroadcastSync(client, device, "nccl", port=port, bucket_bytes=bucket_mb << 20, timeout_s=timeout_s)
+        print(f"Weight sync: NCCL group with the server formed in {time.perf_counter() - start:.1f} s", flush=True)
+        return sync
+    raise ValueError(f"weight_sync: unknown transport {kind!r}")
