@@ -83,6 +83,22 @@ CASES = {
     "port mismatch": (edit("enforce_eager = true", "enforce_eager = true\nport = 9000"), "inference.args.port", "differs"),
     "model in inference args": (edit("enforce_eager = true", 'enforce_eager = true\nmodel = "x"'),
                                 "inference.args.model", "top-level"),
+    "unknown weight_sync": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "ncl"'),
+                            "trainer.args.weight_sync", "auto, filesystem, nccl, lora"),
+    "nccl on the cpu": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 0").replace(
+        "batch_size = 32", 'batch_size = 32\nweight_sync = "nccl"'), "weight_sync = 'nccl'", "use 'filesystem'"),
+    "nccl on a shared gpu": (edit("[inference]\ngpus = 1", "[inference]\ngpus = 1\nshared = true").replace(
+        "batch_size = 32", 'batch_size = 32\nweight_sync = "nccl"'), "inference.shared = true", "one GPU"),
+    "lora sync without lora": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "lora"\nuse_lora = false'),
+                               "weight_sync = 'lora'", "use_lora = true"),
+    "lora sync with modules_to_save": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "lora"\n'
+                                            'lora_modules_to_save = ["lm_head"]'), "lora_modules_to_save", "adapters"),
+    "shared without trainer gpus": (edit("[inference]\ngpus = 1", "[inference]\ngpus = 1\nshared = true").replace(
+        "[trainer]\ngpus = 1", "[trainer]\ngpus = 0"), "inference.shared = true", "trainer.gpus >= 1"),
+    "shared not a bool": (edit("[inference]\ngpus = 1", '[inference]\ngpus = 1\nshared = "yes"'),
+                          "inference.shared", "boolean"),
+    "bucket size zero": (edit("batch_size = 32", "batch_size = 32\nweight_sync_bucket_mb = 0"),
+                         "trainer.args.weight_sync_bucket_mb", "positive"),
 }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vf_rl.cli.launch import build_commands, inference_flags, main
+from vf_rl.cli.launch import build_commands, gpus_needed, inference_flags, main
 from vf_rl.config.schema import load_config
 
 MINIMAL = '''
@@ -113,3 +113,51 @@ def test_vf_vllm_serve_arguments():
     assert gpu[gpu.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(SystemExit, match="worker-extension-cls"):
         serve_argv(["--model", "/m", "--worker-extension-cls", "x.Y"], cpu=True)
+
+
+SHARED = '''
+model = "Qwen/Qwen3-4B-Instruct-2507"
+[env]
+id = "reverse-text"
+[inference]
+gpus = 1
+shared = true
+{inference_args}
+[trainer]
+gpus = {train}
+[trainer.args]
+vllm_server_port = 8123
+{trainer_args}
+'''
+
+
+def test_shared_gpu_mode_puts_both_sides_on_the_same_gpus(tmp_path):
+    path = write(tmp_path, SHARED.format(inference_args="", train=1, trainer_args=""))
+    config = load_config(path)
+    inference, trainer = build_commands(config, path, ["3"])
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == trainer.env["CUDA_VISIBLE_DEVICES"] == "3"
+    argv = inference.argv
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.3"  # the trainer gets the rest
+    assert gpus_needed(config) == 1
+    # two trainer processes (DDP) on GPUs 0-1, the server on GPU 0; a configured fraction wins
+    path = write(tmp_path, SHARED.format(inference_args="[inference.args]\ngpu_memory_utilization = 0.2", train=2,
+                                         trainer_args=""), "ddp.toml")
+    config = load_config(path)
+    inference, trainer = build_commands(config, path, ["0", "1"])
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "0" and trainer.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert inference.argv[inference.argv.index("--gpu-memory-utilization") + 1] == "0.2"
+    assert gpus_needed(config) == 2
+
+
+def test_lora_weight_sync_starts_vllm_with_runtime_lora_loading(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace(
+        "vllm_server_port = 8123", 'vllm_server_port = 8123\nweight_sync = "lora"\nlora_rank = 12'))
+    inference, _ = build_commands(load_config(path), path, ["0", "1"])
+    argv = inference.argv
+    assert "--enable-lora" in argv and argv[argv.index("--max-loras") + 1] == "1"
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"  # vLLM's next allowed rank above 12
+    assert inference.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    # the merged-weight transports leave vLLM's LoRA support off
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""), "fs.toml")
+    inference, _ = build_commands(load_config(path), path, ["0", "1"])
+    assert "--enable-lora" not in inference.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in inference.env

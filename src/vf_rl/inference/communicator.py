@@ -49,7 +49,9 @@ class BroadcastGroup:
         self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
         prefixed = dist.PrefixStore(STORE_PREFIX, self.store)
         if backend == "nccl":
-            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout  # a lost peer aborts after timeout_s instead of hanging
+            self.group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
         else:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
@@ -62,10 +64,15 @@ class BroadcastGroup:
             torch.cuda.current_stream(self.device).synchronize()
 
     def close(self) -> None:
-        shutdown = getattr(self.group, "shutdown", None)
-        if shutdown is not None:
+        """Leave the group without waiting for the other members.
+
+        ``abort`` rather than ``shutdown``: a graceful NCCL shutdown waits for the peers, and
+        the vLLM workers keep their side open for the server's lifetime (on an H200 pair the
+        trainer hung at exit with ``shutdown``)."""
+        abort = getattr(self.group, "abort", None)
+        if abort is not None:
             try:
-                shutdown()
+                abort()
             except Exception:  # best effort: the peer may be gone already
                 pass
         self.group = None

@@ -71,4 +71,8 @@ async def weight_sync_routes(request: Request, call_next):
         await engine.reset_prefix_cache()
         return JSONResponse({"status": "ok", "workers": results})
     except Exception as exc:  # report, don't crash the server
-        return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=500)
+        hint = ""
+        if "base_layer" in str(exc):
+            hint = (" (this vLLM cannot reload full weights into a server started with --enable-lora: use "
+                    "weight_sync = 'lora', or start vf-vllm without --enable-lora)")
+        return JSONResponse({"error": f"{type(exc).__name__}: {exc}{hint}"}, status_code=500)

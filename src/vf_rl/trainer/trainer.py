@@ -323,7 +323,7 @@ class RLTrainer(Trainer):
         normalizer = max(loss_tokens, 1) / world
         mine = shard(batch.samples, world, rank, a.micro_batch_size)
         totals = dict.fromkeys(("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low", "masked_high",
-                                "entropy_sum"), 0.0)
+                                "entropy_sum", "logprob_diff_sum", "logprob_diff_max"), 0.0)
         trained_tokens = 0
         total_loss = torch.zeros((), device=a.device)
         model.train()
@@ -341,13 +341,21 @@ class RLTrainer(Trainer):
             for k, v in stats.items():
                 totals[k] += float(v)
             totals["entropy_sum"] += float(entropy.masked_fill(~mask, 0.0).sum())
+            diff = (logprobs.detach() - mb["sampling_logprobs"][:, 1:]).abs()
+            diff = diff[mask & diff.isfinite()]  # env-written tokens have no sampling log-prob
+            if diff.numel():
+                totals["logprob_diff_sum"] += float(diff.sum())
+                totals["logprob_diff_max"] = max(totals["logprob_diff_max"], float(diff.max()))
         n = max(totals["tokens"], 1.0)
         return total_loss, {
             "importance_ratio": totals["importance_ratio_sum"] / n, "mismatch_kl": totals["mismatch_kl_sum"] / n,
             "entropy": totals["entropy_sum"] / n, "masked/low_fraction": totals["masked_low"] / n,
             "masked/high_fraction": totals["masked_high"] / n,
             "tokens/masked_fraction": (totals["masked_low"] + totals["masked_high"]) / n,
-            "tokens/loss": totals["tokens"], "tokens/trained": float(trained_tokens)}
+            "tokens/loss": totals["tokens"], "tokens/trained": float(trained_tokens),
+            # |trainer - vLLM| log-prob of the sampled tokens: kernel/sync mismatch plus the one
+            # optimizer step between sampling and training (pure mismatch at step 1)
+            "logprob_diff/mean": totals["logprob_diff_sum"] / n, "logprob_diff/max": totals["logprob_diff_max"]}
 
     # --- evaluation ---------------------------------------------------------------------------
 

@@ -1,0 +1,653 @@
+#!/usr/bin/env python
+"""Trainer-step throughput: vf-rl's CISPO step vs TRL's ``GRPOTrainer`` with ``loss_type="cispo"``.
+
+Both sides get the same random-initialised model (same weights), the same synthetic batch
+(random token ids, fixed prompt/completion lengths, random advantages, sampling log-probs =
+the model's own log-probs + small noise), the same micro batches and the same optimizer
+(torch AdamW, fused on CUDA, same lr, no weight decay). One timed step is, per side:
+
+* vf-rl: ``RLTrainer._train_on_batch(model, batch)`` (micro batches, forward, log-probs,
+  ``cispo_loss``, backward), then grad clipping, ``optimizer.step()``, ``zero_grad()``.
+  With ``--ours functions`` (or ``auto`` when ``RLTrainer`` cannot be imported, e.g. without
+  openai/fastapi) the same functions (``micro_batches``, ``selective_logprobs``,
+  ``cispo_loss``) are called in the same way as ``_train_on_batch``.
+* TRL: for each micro batch ``GRPOTrainer.compute_loss(model, inputs)`` on the input dict that
+  ``_generate_and_score_completions`` produces (prompt/completion ids and masks, advantages,
+  ``old_per_token_logps``, ``num_items_in_batch``), ``accelerator.backward``; then the same
+  clipping / step / zero_grad. Generation, rewards and TRL's extra no-grad forward for
+  ``old_per_token_logps`` (done during generation when vLLM is used) are not timed.
+
+Loss normalisation (both: DAPO-style token-level, one optimizer batch):
+
+* vf-rl (``src/vf_rl/trainer/loss.py``): ``loss = sum_t keep_t * (-r_t * A) / N`` with
+  ``r_t = exp(logp_t - logp_sampling_t)`` (gradient flows through ``r``, so
+  ``grad = -r * A * grad logp``); tokens with ``r`` outside ``[mask_ratio_low, mask_ratio_high]``
+  (0.125, 8) are dropped; ``N`` = loss tokens of the whole batch (all micro batches and
+  processes) / world size; micro-batch losses are summed, not averaged.
+* TRL 1.16 cispo: ``loss = sum_t mask_t * (-sg(min(r_t, epsilon_high)) * A * logp_t) / N`` with
+  ``N = num_items_in_batch / num_processes * gradient_accumulation_steps / steps_per_generation``
+  = completion tokens of the generation batch (= the optimizer batch here), so the same ``N``.
+  No lower mask; ratios above ``epsilon_high`` are clipped (kept), not dropped. Here
+  ``epsilon_high`` = vf-rl's ``mask_ratio_high`` (8).
+
+So the two loss VALUES differ by construction (``-r A`` vs ``-sg(r) A logp``) while their
+GRADIENTS are equal whenever every ratio lies in [0.125, 8]. The script checks both on micro
+batch 0 before any optimizer step: each side's reported loss against the formula recomputed
+from the same log-probs, and the cosine / relative difference of the two gradients.
+
+Usage (from the repo root; TRL and datasets need not be in the venv, see benchmarks/README.md):
+
+    python benchmarks/trainer_step.py --model-config qwen2-0.5b --batch 64 --micro-batch 8 \
+        --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 [--lora] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+# No network on the benchmark machine: never try the hub, never send telemetry.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+# One GPU: GRPOTrainer refuses nn.DataParallel when several are visible to one process.
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+
+REPO = Path(__file__).resolve().parents[1]
+try:
+    import vf_rl  # noqa: F401
+except ImportError:  # not installed: use the checkout's src/
+    sys.path.insert(0, str(REPO / "src"))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
+
+from vf_rl.trainer.batching import Sample, micro_batches  # noqa: E402
+from vf_rl.trainer.loss import cispo_loss, selective_logprobs  # noqa: E402
+
+# Shapes of the real models (random weights; nothing is downloaded).
+MODEL_CONFIGS = {
+    "qwen2-0.5b": dict(arch="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, intermediate_size=4864, vocab_size=151936, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "llama-1b": dict(arch="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, intermediate_size=8192, vocab_size=128256, rope_theta=5e5,
+                     rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, rope_theta=1e5,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "tiny": dict(arch="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                 intermediate_size=256, vocab_size=49152, rope_theta=1e4, rms_norm_eps=1e-5,
+                 tie_word_embeddings=True),
+}
+# Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
+PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
+PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model-config", choices=sorted(MODEL_CONFIGS), default="qwen2-0.5b")
+    p.add_argument("--batch", type=int, default=64, help="sequences per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
+    p.add_argument("--prompt-len", type=int, default=256)
+    p.add_argument("--completion-len", type=int, default=256)
+    p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per side")
+    p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per side first")
+    p.add_argument("--lora", action="store_true", help="train a LoRA adapter (both sides) instead of all weights")
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-alpha", type=float, default=16)
+    p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
+    p.add_argument("--logprob-noise", type=float, default=0.05,
+                   help="std of the noise added to the model's log-probs to make the sampling log-probs")
+    p.add_argument("--ours", choices=["auto", "trainer", "functions"], default="auto",
+                   help="trainer: a real RLTrainer and its _train_on_batch; functions: the same loss functions "
+                        "called as _train_on_batch does; auto: trainer if it can be imported")
+    p.add_argument("--sides", default="vf-rl,trl", help="comma list, run in this order")
+    p.add_argument("--no-prepare", action="store_true",
+                   help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
+                        "fp32 outputs on the model's forward)")
+    p.add_argument("--no-grad-check", action="store_true", help="skip the gradient comparison (saves host memory)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="also write the numbers here")
+    args = p.parse_args(argv)
+    if args.batch % args.micro_batch:
+        p.error(f"--batch ({args.batch}) must be a multiple of --micro-batch ({args.micro_batch})")
+    if args.batch % 2:
+        p.error("--batch must be even (both trainers need groups of >= 2 rollouts)")
+    if args.steps < 1 or args.warmup < 0:
+        p.error("--steps >= 1 and --warmup >= 0")
+    args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if not set(args.sides) <= {"vf-rl", "trl"} or not args.sides:
+        p.error("--sides: a comma list of vf-rl and trl")
+    return args
+
+
+# --- model, tokenizer, batch --------------------------------------------------------------------
+
+def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int):
+    spec = dict(MODEL_CONFIGS[name])
+    arch = spec.pop("arch")
+    config_cls = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config = config_cls(**spec, max_position_embeddings=32768, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+                        bos_token_id=EOS_ID, attention_dropout=0.0)
+    transformers.set_seed(seed)
+    with torch.device(device):  # initialise on the device: fast for 1B parameters on a GPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.to(device)
+
+
+def flop_params(model) -> int:
+    """Parameters that take part in matmuls: all, minus the input embedding when it is not
+    tied to the LM head (a lookup, not a matmul)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return total if emb is head else total - emb.numel()
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A tiny word-level tokenizer with a chat template: enough for both trainers' constructors
+    (the batch itself is made of random ids)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<pad>", "<eos>", "<unk>", "system:", "user:", "assistant:"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                          "{% if add_generation_prompt %}assistant: {% endif %}")
+    return fast
+
+
+@torch.no_grad()
+def make_batch(model, args, device) -> dict:
+    """Random ids, advantages ~ N(0, 1), sampling log-probs = the model's log-probs of the
+    completion tokens + N(0, logprob_noise) (so importance ratios are near 1, as in real runs)."""
+    P, C, B = args.prompt_len, args.completion_len, args.batch
+    g = torch.Generator().manual_seed(args.seed + 1)
+    vocab = model.config.vocab_size
+    ids = torch.randint(3, vocab, (B, P + C), generator=g)  # no pad/eos/unk ids
+    advantages = torch.randn(B, generator=g)
+    noise = torch.randn(B, C, generator=g) * args.logprob_noise
+    model.eval()
+    lps = []
+    for start in range(0, B, args.micro_batch):
+        chunk = ids[start:start + args.micro_batch].to(device)
+        logits = model(input_ids=chunk).logits
+        lp, _ = selective_logprobs(logits[:, :-1], chunk[:, 1:], 1.0)
+        lps.append(lp[:, P - 1:].float().cpu())  # log-probs of the completion tokens
+        del logits, lp
+    completion_lps = torch.cat(lps) + noise
+    return {"ids": ids, "advantages": advantages, "sampling_lps": completion_lps}
+
+
+def vf_samples(batch: dict, args) -> list[Sample]:
+    P, C = args.prompt_len, args.completion_len
+    return [Sample(input_ids=batch["ids"][i].tolist(), loss_mask=[0] * P + [1] * C,
+                   sampling_logprobs=[0.0] * P + batch["sampling_lps"][i].tolist(),
+                   advantage=float(batch["advantages"][i]))
+            for i in range(batch["ids"].size(0))]
+
+
+def trl_inputs(batch: dict, args, device, rows: slice, num_items: int) -> dict:
+    """One micro batch as ``GRPOTrainer._generate_and_score_completions`` returns it (text-only,
+    no vLLM, no reference model): left-padded prompts, right-padded completions."""
+    P = args.prompt_len
+    ids = batch["ids"][rows]
+    prompt_ids, completion_ids = ids[:, :P], ids[:, P:]
+    return {
+        "prompt_ids": prompt_ids.to(device),
+        "prompt_mask": torch.ones_like(prompt_ids).to(device),
+        "completion_ids": completion_ids.to(device),
+        "completion_mask": torch.ones_like(completion_ids).to(device),
+        "advantages": batch["advantages"][rows].to(device),
+        "num_items_in_batch": torch.tensor(num_items, device=device),
+        "old_per_token_logps": batch["sampling_lps"][rows].to(device),
+    }
+
+
+# --- the two sides --------------------------------------------------------------------------------
+
+def pick_group_size(batch: int) -> int:
+    return next(g for g in (16, 8, 4, 2) if batch % g == 0)
+
+
+class VfSide:
+    name = "vf-rl"
+
+    def __init__(self, model, tokenizer, args, device, out_dir: Path):
+        self.args, self.device = args, device
+        self.mode = args.ours
+        self.trainer = None
+        if self.mode in ("auto", "trainer"):
+            try:
+                self._build_trainer(model, tokenizer, out_dir)
+                self.mode = "trainer"
+            except ImportError as exc:
+                if self.mode == "trainer":
+                    raise
+                warnings.warn(f"RLTrainer not importable ({exc}); vf-rl side calls the loss functions directly")
+                self.mode = "functions"
+        if self.mode == "functions":
+            transformers.set_seed(args.seed)
+            if args.lora:
+                from peft import LoraConfig, get_peft_model
+
+                model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
+                                                         lora_dropout=0.0, target_modules=LORA_TARGETS,
+                                                         task_type="CAUSAL_LM"))
+            self.model, self.accelerator = model.to(device), None
+        self.pad_id = tokenizer.pad_token_id
+
+    def _build_trainer(self, model, tokenizer, out_dir):
+        from vf_rl.config.rl_config import RLConfig
+        from vf_rl.envs import load_environment
+        from vf_rl.trainer.orchestrator import Batch
+        from vf_rl.trainer.trainer import RLTrainer
+
+        a = self.args
+        wanted = dict(output_dir=str(out_dir / "vf-rl"), run_name="bench", report_to="none", seed=a.seed,
+                      batch_size=a.batch, micro_batch_size=a.micro_batch, rollouts_per_example=pick_group_size(a.batch),
+                      max_seq_len=a.prompt_len + a.completion_len, max_tokens=a.completion_len,
+                      max_prompt_len=10**6, learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
+                      bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
+                      use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
+                      max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
+                      use_liger=False, temperature=1.0, logging_steps=1)
+        known = {f.name for f in dataclasses.fields(RLConfig)}
+        config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
+        env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+        transformers.set_seed(a.seed)  # same LoRA initialisation as TRL (which seeds before get_peft_model)
+        self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
+                                 served_model_name="bench")
+        self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
+
+    def prepare(self, optimizer):
+        if self.accelerator is not None:
+            self.model, optimizer = self.accelerator.prepare(self.model, optimizer)
+        return optimizer
+
+    def run_batch(self, samples: list[Sample]) -> float:
+        """Forward/backward of all micro batches of ``samples``; returns the summed loss."""
+        if self.mode == "trainer":
+            batch = self.Batch(step=0, samples=samples, rollouts=[], metrics={})
+            loss, _ = self.trainer._train_on_batch(self.model, batch)
+            return float(loss)
+        return self._functions_batch(samples)
+
+    def _functions_batch(self, samples: list[Sample]) -> float:
+        # The body of RLTrainer._train_on_batch for one process, with the same functions.
+        a = self.args
+        normalizer = max(sum(sum(s.loss_mask[1:]) for s in samples), 1)
+        total = torch.zeros((), device=self.device)
+        entropy_sum = 0.0
+        self.model.train()
+        for mb in micro_batches(samples, a.micro_batch, self.pad_id):
+            mb = {k: v.to(self.device) for k, v in mb.items()}
+            logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
+            logprobs, entropy = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], 1.0)
+            mask = mb["loss_mask"][:, 1:]
+            loss, stats = cispo_loss(logprobs, mb["sampling_logprobs"][:, 1:], mb["advantages"], mask, normalizer)
+            loss.backward()
+            total += loss.detach()
+            _ = {k: float(v) for k, v in stats.items()}  # the trainer syncs for its stats too
+            entropy_sum += float(entropy.masked_fill(~mask, 0.0).sum())
+        return float(total)
+
+    def close(self):
+        self.trainer = self.model = self.accelerator = None
+
+
+class TrlSide:
+    name = "trl"
+
+    def __init__(self, model, tokenizer, args, device, out_dir: Path):
+        from datasets import Dataset
+        from trl import GRPOConfig, GRPOTrainer
+
+        self.args, self.device, self.mode = args, device, "GRPOTrainer.compute_loss"
+        n_micro = args.batch // args.micro_batch
+        config = GRPOConfig(
+            output_dir=str(out_dir / "trl"), report_to="none", seed=args.seed, loss_type="cispo",
+            per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=n_micro,
+            num_generations=pick_group_size(args.batch), max_completion_length=args.completion_len,
+            learning_rate=args.lr, max_grad_norm=args.max_grad_norm, weight_decay=0.0, optim="adamw_torch",
+            bf16=device.type == "cuda", gradient_checkpointing=args.gradient_checkpointing,
+            epsilon_high=8.0,  # = vf-rl's mask_ratio_high (TRL's default epsilon_high would be 0.2)
+            beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
+            save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda")
+        peft_config = None
+        if args.lora:
+            from peft import LoraConfig
+
+            peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                                     target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        dataset = Dataset.from_dict({"prompt": ["benchmark"] * args.batch})
+
+        def zero_reward(completions, **kwargs):
+            return [0.0] * len(completions)
+
+        self.trainer = GRPOTrainer(model=model, reward_funcs=zero_reward, args=config, train_dataset=dataset,
+                                   processing_class=tokenizer, peft_config=peft_config)
+        # What Trainer's loop sets before each accumulation window; _compute_loss reads it.
+        self.trainer.current_gradient_accumulation_steps = n_micro
+        self.model, self.accelerator = self.trainer.model, self.trainer.accelerator
+
+    def prepare(self, optimizer):
+        self.model, optimizer = self.accelerator.prepare(self.model, optimizer)
+        return optimizer
+
+    def run_batch(self, micro_inputs: list[dict]) -> float:
+        total = torch.zeros((), device=self.device)
+        self.model.train()
+        for inputs in micro_inputs:
+            with self.trainer.compute_loss_context_manager():
+                loss = self.trainer.compute_loss(self.model, inputs)
+            self.accelerator.backward(loss)
+            total += loss.detach()
+        for values in self.trainer._metrics.values():  # what Trainer.log would drain
+            values.clear()
+        return float(total)
+
+    def close(self):
+        self.trainer = self.model = self.accelerator = None
+
+
+# --- measurement -----------------------------------------------------------------------------------
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def grads_by_name(model) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad and p.grad is not None}
+
+
+@torch.no_grad()
+def formula_values(model, batch: dict, args, device, rows: slice) -> dict:
+    """Both losses recomputed from one no-grad forward (full logits, fp32 log-softmax) on ``rows``."""
+    P = args.prompt_len
+    ids = batch["ids"][rows].to(device)
+    logits = model(input_ids=ids).logits
+    lp, _ = selective_logprobs(logits[:, :-1], ids[:, 1:], 1.0)
+    lp = lp[:, P - 1:]
+    slp = batch["sampling_lps"][rows].to(device)
+    adv = batch["advantages"][rows].to(device)[:, None]
+    n = lp.numel()
+    ratio = torch.exp(lp - slp)
+    keep = (ratio >= 0.125) & (ratio <= 8.0)
+    return {"vf_formula": float((-(ratio * adv)).masked_fill(~keep, 0.0).sum() / n),
+            "trl_formula": float((-(ratio.clamp(max=8.0) * adv * lp)).sum() / n),
+            "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()), "ratio_mean": float(ratio.mean())}
+
+
+def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=False, ref_grads=None):
+    """Build one side on a fresh copy of the weights, run the micro-batch-0 check, the warmup
+    and the timed steps. Returns (results, grads of the check as {name: cpu tensor} if
+    ``keep_grads``); with ``ref_grads`` (the other side's), results get ``grad_check``."""
+    base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    model = copy.deepcopy(master).to(device)
+    t0 = time.perf_counter()
+    side = (VfSide if name == "vf-rl" else TrlSide)(model, tokenizer, args, device, out_dir)
+    del model
+    build_s = time.perf_counter() - t0
+    if args.gradient_checkpointing:
+        side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        side.model.config.use_cache = False
+    params = [p for p in side.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                  fused=device.type == "cuda")
+    if not args.no_prepare:
+        optimizer = side.prepare(optimizer)
+    trainable = sum(p.numel() for p in params)
+
+    mb = args.micro_batch
+    n_micro = args.batch // mb
+    completion_tokens = args.batch * args.completion_len
+    if name == "vf-rl":
+        samples = vf_samples(batch, args)
+        full, check = samples, samples[:mb]
+    else:
+        full = [trl_inputs(batch, args, device, slice(i * mb, (i + 1) * mb), completion_tokens)
+                for i in range(n_micro)]
+        check = [trl_inputs(batch, args, device, slice(0, mb), mb * args.completion_len)]
+
+    # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step.
+    check_loss = side.run_batch(check)
+    sync(device)
+    grads, grad_check = {}, None
+    if keep_grads:
+        grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
+    if ref_grads:
+        grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
+    formulas = formula_values(side.model, batch, args, device, slice(0, mb))
+    optimizer.zero_grad(set_to_none=True)
+
+    def step():
+        loss = side.run_batch(full)
+        if args.max_grad_norm:
+            if side.accelerator is not None:
+                side.accelerator.clip_grad_norm_(params, args.max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses, times = [], []
+    for i in range(args.warmup + args.steps):
+        sync(device)
+        start = time.perf_counter()
+        losses.append(step())
+        sync(device)
+        if i >= args.warmup:
+            times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+
+    tokens = args.batch * (args.prompt_len + args.completion_len)
+    mean_t = statistics.mean(times)
+    result = {
+        "side": name, "mode": side.mode, "build_s": build_s, "trainable_params": trainable,
+        "step_s": times, "step_s_mean": mean_t, "step_s_std": statistics.stdev(times) if len(times) > 1 else 0.0,
+        "tokens_per_step": tokens, "tokens_per_s": tokens / mean_t, "peak_mem_bytes": peak,
+        "mem_before_side_bytes": base_mem, "check_loss_mb0": check_loss, "first_step_loss": losses[0],
+        "losses": losses, **{f"check_{k}": v for k, v in formulas.items()}, "grad_check": grad_check,
+        "gradient_checkpointing": bool(getattr(side.model, "is_gradient_checkpointing", False)),
+    }
+    side.close()
+    del side, optimizer, params, full, check
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return result, grads
+
+
+@torch.no_grad()
+def compare_grads(a: dict, b: dict, device) -> dict:
+    """Cosine and relative L2 difference of two gradients ({param name: tensor}); ``a`` is the
+    reference (the side run first)."""
+    common = sorted(set(a) & set(b))
+    dot = na = nb = nd = 0.0
+    for n in common:
+        x, y = a[n].to(device, torch.float64), b[n].to(device, torch.float64)
+        dot += float((x * y).sum())
+        na += float((x * x).sum())
+        nb += float((y * y).sum())
+        nd += float(((x - y) ** 2).sum())
+    return {"tensors_compared": len(common), "only_first": len(set(a) - set(b)), "only_second": len(set(b) - set(a)),
+            "cosine": dot / math.sqrt(na * nb) if na and nb else float("nan"),
+            "rel_l2_diff": math.sqrt(nd / na) if na else float("nan"),
+            "norm_first": math.sqrt(na), "norm_second": math.sqrt(nb)}
+
+
+def preload(sides) -> None:
+    """Import TRL (and RLTrainer) before any model exists: fail fast when missing, keep import
+    time out of the measurements, and keep the frames that TRL's lazy import machinery may
+    retain (seen with vLLM installed) from pinning a model in memory."""
+    if "trl" in sides:
+        from trl import GRPOConfig, GRPOTrainer  # noqa: F401
+    if "vf-rl" in sides:
+        try:
+            from vf_rl.trainer.trainer import RLTrainer  # noqa: F401
+        except ImportError:
+            pass  # VfSide falls back (or raises with --ours trainer)
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__}
+    for mod in ("trl", "accelerate", "peft", "datasets"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:
+            out[mod] = "missing"
+    return out
+
+
+def fmt_mem(b):
+    return "n/a" if b is None else f"{b / 2**30:.2f}"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+    peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in device_name), None) if device.type == "cuda" else None
+    command = "python " + shlex.join(sys.argv if argv is None else [sys.argv[0], *argv])
+
+    preload(args.sides)
+    t0 = time.perf_counter()
+    model = build_model(args.model_config, device, dtype, args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    n_flop = flop_params(model)
+    batch = make_batch(model, args, device)
+    master = model.to("cpu")  # each side starts from a copy of these weights
+    del model
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    setup_s = time.perf_counter() - t0
+    tokenizer = build_tokenizer()
+
+    results, ref_grads = {}, None
+    check = not args.no_grad_check and len(args.sides) == 2
+    with tempfile.TemporaryDirectory(prefix="vf-rl-bench-") as tmp:
+        for i, name in enumerate(args.sides):
+            print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps ...", flush=True)
+            results[name], grads = run_side(name, master, tokenizer, batch, args, device, Path(tmp),
+                                            keep_grads=check and i == 0, ref_grads=ref_grads)
+            ref_grads = grads or None
+    del ref_grads
+    grad_check = results[args.sides[-1]]["grad_check"] if check else None
+
+    for r in results.values():
+        r["mfu"] = 6 * n_flop * r["tokens_per_s"] / peak_flops if peak_flops else None
+    ratio = (results["vf-rl"]["tokens_per_s"] / results["trl"]["tokens_per_s"]) if len(results) == 2 else None
+
+    v = versions()
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "## Trainer step: vf-rl CISPO vs TRL GRPOTrainer(loss_type=\"cispo\")", "",
+        f"- date: {now}",
+        f"- device: {device_name}" + (f" (peak {peak_flops / 1e12:.0f} TFLOP/s bf16 dense)" if peak_flops else ""),
+        f"- versions: python {v['python']}, torch {v['torch']}, transformers {v['transformers']}, trl {v['trl']}, "
+        f"accelerate {v['accelerate']}, peft {v['peft']}, datasets {v['datasets']}",
+        f"- command: `{command}`",
+        f"- model: {args.model_config}" + ("" if args.model_config == "tiny" else "-like") + ", random init, "
+        f"{n_params / 1e6:.1f} M parameters ({n_flop / 1e6:.1f} M in matmuls), {str(dtype).replace('torch.', '')}, "
+        "sdpa; " + (f"LoRA r={args.lora_rank} alpha={args.lora_alpha:g} on {','.join(LORA_TARGETS)}"
+                    if args.lora else "full fine-tune")
+        + (", gradient checkpointing" if args.gradient_checkpointing else ""),
+        f"- batch: {args.batch} x ({args.prompt_len} prompt + {args.completion_len} completion) tokens = "
+        f"{args.batch * (args.prompt_len + args.completion_len)} tokens/step, micro batch {args.micro_batch} "
+        f"({args.batch // args.micro_batch} per step); torch AdamW lr {args.lr:g}"
+        + (" fused" if device.type == "cuda" else "") + f", clip {args.max_grad_norm:g}; "
+        f"{args.warmup} warmup + {args.steps} timed steps" + ("" if args.no_prepare else "; accelerator.prepare'd"),
+        f"- setup (model init + sampling log-probs): {setup_s:.1f} s", "",
+        "| side | what runs | step time (s) | tokens/s | MFU | peak mem (GiB) | trainable params |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in results.values():
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(f"| {r['side']} | {r['mode']} | {r['step_s_mean']:.3f} ± {r['step_s_std']:.3f} | "
+                     f"{r['tokens_per_s']:,.0f} | {mfu} | {fmt_mem(r['peak_mem_bytes'])} | {r['trainable_params']:,} |")
+    lines.append("")
+    lines.append("MFU = 6 x params-in-matmuls x tokens/s / peak (attention score FLOPs not counted"
+                 + ("; with LoRA the real FLOPs are ~2/3 of that" if args.lora else "") + "). "
+                 "Peak memory is torch.cuda.max_memory_allocated over the warmup and timed steps of that side "
+                 "(weights, grads, AdamW state, activations).")
+    lines += ["", "Loss check on micro batch 0, before any optimizer step (normalised by that micro batch's "
+              "tokens):", ""]
+    lines.append("- normalisation, vf-rl: sum over loss tokens of keep*(-r*A) / N, keep = mask & 0.125 <= r <= 8 "
+                 "(dropped, not clipped), N = loss tokens of the whole optimizer batch / world size")
+    lines.append("- normalisation, TRL cispo: sum over completion tokens of -sg(min(r, eps_high))*A*logp / N, "
+                 "N = num_items_in_batch / processes * grad_accum / steps_per_generation = completion tokens of the "
+                 "optimizer batch (steps_per_generation = grad_accum); eps_high = 8 here, no lower mask")
+    lines.append("- so the values differ by construction (-r*A vs -sg(r)*A*logp); the gradients are the same while "
+                 "every ratio is in [0.125, 8]")
+    for r in results.values():
+        key = "vf_formula" if r["side"] == "vf-rl" else "trl_formula"
+        lines.append(f"- {r['side']}: loss {r['check_loss_mb0']:.6g}; the same formula from a separate no-grad "
+                     f"forward: {r['check_' + key]:.6g}; ratios in [{r['check_ratio_min']:.4f}, "
+                     f"{r['check_ratio_max']:.4f}], mean {r['check_ratio_mean']:.4f}")
+    if len(results) == 2:
+        lines.append(f"- first optimizer step's summed loss: vf-rl {results['vf-rl']['first_step_loss']:.6g}, "
+                     f"trl {results['trl']['first_step_loss']:.6g}")
+    if grad_check:
+        first, second = args.sides
+        lines.append(f"- gradients (micro batch 0, {grad_check['tensors_compared']} tensors): cosine "
+                     f"{grad_check['cosine']:.6f}, |g_{first} - g_{second}| / |g_{first}| = "
+                     f"{grad_check['rel_l2_diff']:.3e}, |g_{first}| = {grad_check['norm_first']:.4g}, "
+                     f"|g_{second}| = {grad_check['norm_second']:.4g}"
+                     + (f" (in one side only: {grad_check['only_first']} / {grad_check['only_second']})"
+                        if grad_check["only_first"] or grad_check["only_second"] else ""))
+    for r in results.values():
+        if r["mem_before_side_bytes"] > 64 * 2**20:
+            lines.append(f"- warning: {fmt_mem(r['mem_before_side_bytes'])} GiB were still allocated before the "
+                         f"{r['side']} side started (counted in its peak)")
+    lines.append("")
+    if ratio is not None:
+        lines.append(f"ratio vf-rl/trl tokens/s: {ratio:.2f}")
+    print("\n".join(lines), flush=True)
+
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        record = {"date": now, "device": device_name, "peak_flops": peak_flops, "versions": v, "command": command,
+                  "args": {k: (str(x) if isinstance(x, Path) else x) for k, x in vars(args).items()},
+                  "n_params": n_params, "n_flop_params": n_flop, "results": results, "grad_check": grad_check,
+                  "ratio_vf_over_trl_tokens_per_s": ratio}
+        args.json.write_text(json.dumps(record, indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

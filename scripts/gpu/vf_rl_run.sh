@@ -1,0 +1,47 @@
+#!/bin/bash
+# usage (GPU machine, after `source scripts/gpu/env.sh`):
+#   scripts/gpu/vf_rl_run.sh NAME WEIGHT_SYNC INFERENCE_GPUS TRAINER_GPUS SHARED(true|false) STEPS [EAGER(true|false)]
+# Writes /tmp/runs/NAME.toml (reverse-text, SmolLM2 in /tmp/smol, LoRA, batch 128 = 16 x 8), runs
+# `vf-rl @ NAME.toml --wait` (real tmux) with a 6-minute limit, and prints the step lines.
+set -u
+NAME=$1; SYNC=$2; NI=$3; NT=$4; SHARED=$5; STEPS=$6; EAGER=${7:-true}
+mkdir -p /tmp/runs
+PORT=$((8100 + RANDOM % 800))
+cat > /tmp/runs/$NAME.toml <<TOML
+model = "/tmp/smol"
+[env]
+id = "reverse-text"
+[env.args]
+few_shot = 2
+source = "offline"
+[inference]
+gpus = $NI
+shared = $SHARED
+[inference.args]
+enforce_eager = $EAGER
+max_model_len = 1024
+[trainer]
+gpus = $NT
+[trainer.args]
+run_name = "$NAME"
+output_dir = "/tmp/runs/$NAME"
+weight_sync = "$SYNC"
+max_steps = $STEPS
+batch_size = 128
+rollouts_per_example = 8
+micro_batch_size = 16
+max_tokens = 32
+max_seq_len = 512
+learning_rate = 5e-4
+save_steps = 1000
+vllm_server_port = $PORT
+TOML
+start=$(date +%s)
+timeout 360 python3 -m vf_rl.cli.launch @ /tmp/runs/$NAME.toml --wait -s $NAME
+code=$?
+echo "[$NAME] vf-rl exit $code after $(( $(date +%s) - start )) s"
+grep -h "Weight sync\|^Step \|Error\|error" /tmp/runs/$NAME/logs/trainer.log | tail -15
+[ $code = 0 ] || tail -40 /tmp/runs/$NAME/logs/trainer.log /tmp/runs/$NAME/logs/inference.log
+tmux kill-session -t $NAME 2>/dev/null
+mkdir -p $OUT/runs && cp /tmp/runs/$NAME/metrics.jsonl $OUT/runs/$NAME.metrics.jsonl 2>/dev/null
+exit $code

@@ -1,0 +1,151 @@
+"""On real GPUs (skipped without two): each weight-sync transport moves the trainer's weights
+(cuda:1, bf16) into a real vf-vllm on GPU 0 so that the server's log-probs match the trainer's.
+
+Run on a GPU machine: ``VF_RL_GPU_MODEL=/path/to/SmolLM2-135M-Instruct pytest -m gpu tests/test_gpu.py -s``
+(the model directory must hold bf16 or fp32 safetensors). Writes the measured differences to
+``$VF_RL_GPU_REPORT`` (JSON lines) when set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 NVIDIA GPUs")]
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    path = os.environ.get("VF_RL_GPU_MODEL")
+    if not path:
+        from vf_rl.cli.prepare_model import default_model_dir
+
+        path = str(default_model_dir())
+    return path
+
+
+def _serve(model_dir: str, workdir: Path, lora: bool):
+    """vf-vllm on GPU 0 on a free port (with runtime LoRA loading when ``lora``)."""
+    from vf_rl.inference.client import InferenceClient
+    from vf_rl.inference.communicator import free_port
+
+    port = free_port()
+    log = workdir / "server.log"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model_dir, "--port", str(port),
+            "--enforce-eager", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]
+    if lora:
+        argv += ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    client = InferenceClient(port=port, timeout=300)
+    try:
+        client.wait_until_ready(400, poll=1.0)
+    except TimeoutError:
+        process.kill()
+        pytest.fail(log.read_text()[-4000:])
+    yield client, port
+    os.killpg(process.pid, 15)
+    process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def plain_server(model_dir, tmp_path_factory):
+    yield from _serve(model_dir, tmp_path_factory.mktemp("gpu-vllm"), lora=False)
+
+
+@pytest.fixture(scope="module")
+def lora_server(model_dir, tmp_path_factory):
+    yield from _serve(model_dir, tmp_path_factory.mktemp("gpu-vllm-lora"), lora=True)
+
+
+def sampled(port: int, model: str, n: int = 8):
+    """Rollouts of reverse-text (temperature 1, 32 tokens) from the server."""
+    from openai import AsyncOpenAI
+
+    from vf_rl.envs import load_environment
+
+    env = load_environment("reverse-text", few_shot=2, source="offline")
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")
+    rows = [env.get_dataset()[i] for i in range(n // 2)]
+    return asyncio.run(env.generate(client, model, rows, 2, {"max_tokens": 32, "temperature": 1.0}))
+
+
+def logprob_diff(model, rollouts, pad_token_id) -> tuple[float, float]:
+    """(mean, max) |trainer - server| log-prob over the sampled tokens."""
+    from vf_rl.trainer.batching import micro_batches, rollout_to_samples
+    from vf_rl.trainer.loss import selective_logprobs
+
+    samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 1024)]
+    diffs = []
+    for mb in micro_batches(samples, 8, pad_token_id):
+        mb = {k: v.to("cuda:1") for k, v in mb.items()}
+        with torch.no_grad():
+            logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
+        lp, _ = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], 1.0)
+        mask = mb["loss_mask"][:, 1:]
+        diffs.append((lp - mb["sampling_logprobs"][:, 1:])[mask].abs().float())
+    d = torch.cat(diffs)
+    return d.mean().item(), d.max().item()
+
+
+@pytest.mark.parametrize("transport", ["filesystem", "nccl", "lora"])
+def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp_path, transport):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl.trainer.weight_sync import LORA_NAME, make_weight_sync
+
+    # full-weight reloads need a server without --enable-lora (vLLM 0.26 wraps the layers)
+    client, port = request.getfixturevalue("lora_server" if transport == "lora" else "plain_server")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1"),
+                            LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():  # a "trained" adapter, far enough from the base to tell them apart
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    policy.eval()
+    sync = make_weight_sync(transport, client, tmp_path, torch.device("cuda:1"), bucket_mb=64)
+    served = LORA_NAME if transport == "lora" else model_dir
+    times = []
+    try:
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            sync.push(policy)
+            times.append(time.perf_counter() - start)
+        rollouts = sampled(port, served)
+        reference = policy  # vLLM applies the adapter unmerged, as peft does
+        if transport != "lora":  # the server holds W + BA rounded to bf16: compare with exactly that
+            from vf_rl.trainer.weights import merged_state_dict
+
+            reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
+            reference.load_state_dict(merged_state_dict(policy, device=None), strict=False)
+        mean, worst = logprob_diff(reference, rollouts, tokenizer.pad_token_id)
+        unmerged_mean, _ = logprob_diff(policy, rollouts, tokenizer.pad_token_id)
+        base_mean, _ = logprob_diff(base, rollouts, tokenizer.pad_token_id)
+    finally:
+        if transport != "lora":  # put the base weights back for the next transport
+            make_weight_sync("filesystem", client, tmp_path / "base", torch.device("cuda:1")).push(base)
+        sync.close()
+    report = {"transport": transport, "push_s": times, "logprob_diff_mean": mean, "logprob_diff_max": worst,
+              "unmerged_lora_diff_mean": unmerged_mean, "base_model_diff_mean": base_mean,
+              "device": torch.cuda.get_device_name(1)}
+    print(json.dumps(report))
+    if os.environ.get("VF_RL_GPU_REPORT"):
+        with open(os.environ["VF_RL_GPU_REPORT"], "a") as f:
+            f.write(json.dumps(report) + "\n")
+    assert mean < 0.05 and worst < 1.0  # bf16 on both sides, different attention/matmul kernels
+    assert base_mean > 3 * mean  # the server serves the policy, not the base model

@@ -1,0 +1,108 @@
+"""Weight-sync pieces that need no server: buckets, transport choice, training options.
+(The transports themselves run against a real vf-vllm in test_server.py / test_lora_sync.py,
+and on GPUs in test_gpu.py.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from vf_rl.inference.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
+from vf_rl.trainer.weight_sync import resolve_weight_sync
+
+
+def named(*specs):
+    torch.manual_seed(0)
+    return {name: torch.randn(*shape).to(dtype) for name, shape, dtype in specs}
+
+
+def test_buckets_respect_the_size_limit_keep_order_and_split_by_dtype():
+    tensors = named(("a", (256,), torch.float32), ("b", (256,), torch.bfloat16), ("c", (512,), torch.float32),
+                    ("d", (300,), torch.float32), ("big", (4096,), torch.float32), ("e", (8,), torch.bfloat16))
+    buckets = plan_buckets(tensors.items(), bucket_bytes=4096)  # 1024 fp32 elements
+    names = [[n for n, _, _ in b.tensors] for b in buckets]
+    assert sorted(sum(names, [])) == sorted(tensors)
+    for bucket in buckets:
+        assert len({str(tensors[n].dtype) for n, _, _ in bucket.tensors}) == 1
+        size = bucket.numel * tensors[bucket.tensors[0][0]].element_size()
+        assert size <= 4096 or len(bucket.tensors) == 1  # only a tensor larger than the limit exceeds it
+    assert ["big"] in names  # 16 KiB: a bucket of its own
+    assert ["a", "c"] in names and ["d"] in names  # 1 KiB + 2 KiB fit; + 1.2 KiB would not
+    assert ["b", "e"] in names
+
+
+def test_pack_then_unpack_gives_the_same_tensors_through_json():
+    tensors = named(("w", (3, 5), torch.bfloat16), ("v", (7,), torch.bfloat16), ("s", (2, 2, 2), torch.bfloat16))
+    for bucket in plan_buckets(tensors.items(), 1 << 20):
+        wire = Bucket.from_json(bucket.to_json())  # what the worker rebuilds from the HTTP body
+        buffer = pack_bucket(bucket, tensors)
+        assert buffer.shape == (wire.numel,) and buffer.dtype == torch.bfloat16
+        received = torch.empty_like(buffer).copy_(buffer)
+        for name, view in unpack_bucket(wire, received):
+            assert torch.equal(view, tensors[name]) and view.shape == tensors[name].shape
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"dtype": "int64", "numel": 1, "tensors": [["x", [1], 0]]}, "dtype"),
+    ({"dtype": "float32", "numel": 5, "tensors": [["x", [2], 0], ["y", [2], 3]]}, "offset 3"),
+    ({"dtype": "float32", "numel": 9, "tensors": [["x", [2, 2], 0]]}, "numel 9"),
+])
+def test_bad_bucket_metadata_is_rejected(data, message):
+    with pytest.raises(ValueError, match=message):
+        Bucket.from_json(data)
+
+
+def test_bucket_planning_rejects_bad_input():
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets([], 0)
+    with pytest.raises(ValueError, match="cannot be sent"):
+        plan_buckets([("step", torch.zeros(2, dtype=torch.int64))], 1024)
+
+
+@pytest.mark.parametrize("requested, use_lora, trainer, server, expected", [
+    ("auto", True, "cpu", ["cpu"], "filesystem"),
+    ("auto", True, "GPU-1", ["GPU-0"], "filesystem"),
+    ("auto", False, "GPU-0", ["GPU-0"], "filesystem"),
+    ("nccl", True, "GPU-1", ["GPU-0", "GPU-2"], "nccl"),
+    ("lora", True, "GPU-0", ["GPU-0"], "lora"),
+    ("filesystem", False, "cpu", ["cpu"], "filesystem"),
+    ("nccl", True, "cpu", ["cpu"], "needs the trainer and the vLLM server on GPUs"),
+    ("nccl", True, "GPU-0", ["GPU-1", "GPU-0"], "cannot connect two ranks on one GPU"),
+    ("lora", False, "GPU-1", ["GPU-0"], "needs use_lora"),
+    ("rdma", True, "GPU-1", ["GPU-0"], "expected one of"),
+])
+def test_transport_choice(requested, use_lora, trainer, server, expected):
+    if expected in ("filesystem", "nccl", "lora"):
+        assert resolve_weight_sync(requested, use_lora, trainer, server) == expected
+    else:
+        with pytest.raises(ValueError, match=expected):
+            resolve_weight_sync(requested, use_lora, trainer, server)
+
+
+def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.trainer import trainer as trainer_module
+
+    args = RLConfig(output_dir="/tmp/unused", use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2)
+    assert trainer_module.attention_implementation(args) == "sdpa"
+    args.attn_implementation = "eager"
+    assert trainer_module.attention_implementation(args) == "eager"
+    assert trainer_module.apply_liger(torch.nn.Linear(2, 2), args) is False  # CPU: never patched, no warning
+    # GPU-only path, simulated: liger requested but not installed -> a warning, training goes on without it
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    args.use_cpu = False
+    monkeypatch.setattr(trainer_module.importlib.util, "find_spec", lambda name: None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert trainer_module.apply_liger(torch.nn.Linear(2, 2), args) is False
+    assert any("liger-kernel is not installed" in str(w.message) for w in caught)
+
+
+def test_weight_sync_key_is_checked_by_rl_config():
+    from vf_rl.config.rl_config import RLConfig
+
+    with pytest.raises(ValueError, match="weight_sync must be one of"):
+        RLConfig(output_dir="/tmp/unused", use_cpu=True, weight_sync="disk", batch_size=4, rollouts_per_example=2,
+                 micro_batch_size=2)
