@@ -40,8 +40,8 @@ start=$(date +%s)
 timeout 360 python3 -m vf_rl.cli.launch @ /tmp/runs/$NAME.toml --wait -s $NAME
 code=$?
 echo "[$NAME] vf-rl exit $code after $(( $(date +%s) - start )) s"
-grep -h "Weight sync\|^Step \|Error\|error" /tmp/runs/$NAME/logs/trainer.log | tail -15
-[ $code = 0 ] || tail -40 /tmp/runs/$NAME/logs/trainer.log /tmp/runs/$NAME/logs/inference.log
+grep -ah "Weight sync\|Step [0-9]\|Error\|error" /tmp/runs/$NAME/logs/trainer.log | tail -15
+[ $code = 0 ] || tail -n 40 /tmp/runs/$NAME/logs/trainer.log /tmp/runs/$NAME/logs/inference.log
 tmux kill-session -t $NAME 2>/dev/null
 mkdir -p $OUT/runs && cp /tmp/runs/$NAME/metrics.jsonl $OUT/runs/$NAME.metrics.jsonl 2>/dev/null
 exit $code
