@@ -70,6 +70,21 @@ def server(model_dir, tmp_path_factory) -> Server:
                             "--tool-call-parser", "hermes")
 
 
+@pytest.fixture
+def restore_base_weights(server, model_dir, tmp_path):
+    """For runs that push trained weights to the shared server: put the base weights back."""
+    yield
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from vf_rl.inference.client import InferenceClient
+    from vf_rl.trainer.weights import export_weights
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    export_weights(base, tmp_path / "base-weights")
+    InferenceClient(port=server.port).update_weights(str(tmp_path / "base-weights"))
+
+
 def assert_rollouts_well_formed(rollouts, max_turns: int | None = None, max_reward: float = 1.0) -> None:
     """Checks every rollout against a real server must pass: no error, reward in range, one
     assistant message per model turn, and token ids and log-probs of equal, non-zero length."""

@@ -13,12 +13,8 @@ import sys
 import time
 
 import pytest
-import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 
-from vf_rl.inference.client import InferenceClient
-from vf_rl.trainer.weights import export_weights
 
 pytestmark = pytest.mark.server
 
@@ -48,15 +44,6 @@ save_steps = 2
 vllm_server_port = {port}
 {extra}
 '''
-
-
-@pytest.fixture
-def restore_base_weights(server, model_dir, tmp_path):
-    """These runs push trained weights to the shared server: put the base weights back."""
-    yield
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    export_weights(base, tmp_path / "base-weights")
-    InferenceClient(port=server.port).update_weights(str(tmp_path / "base-weights"))
 
 
 def write_config(tmp_path, name, server, model_dir, extra=""):

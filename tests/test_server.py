@@ -129,6 +129,12 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
         assert max_logprob_diff(original, server, env, tokenizer) > 20 * TOLERANCE
         sync.push(original)  # a second update through the same group
         assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
+        if transport == "broadcast":  # a new trainer (a restart, a resume) forms a new group with the same server
+            sync.close()
+            sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120)
+            sync.push(policy)
+            assert sync.buckets_sent == 1  # default 1 GiB buckets: the 540 MB fp32 model in one
+            assert max_logprob_diff(policy, server, env, tokenizer) < TOLERANCE
     finally:  # restore the base weights for the other tests
         export_weights(original, tmp_path / "orig")
         client.update_weights(str(tmp_path / "orig"))

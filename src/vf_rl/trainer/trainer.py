@@ -234,6 +234,7 @@ class RLTrainer(Trainer):
         if resume_from_checkpoint and self.is_world_process_zero():
             self._prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
+            print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
             print(f"Waiting for vf-vllm at {self.inference.base_url} ...", flush=True)
             self.inference.wait_until_ready(self.args.vllm_server_timeout)
             self._start_inference_side()
