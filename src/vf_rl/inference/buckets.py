@@ -1,13 +1,14 @@
 """Weight buckets: many named tensors packed into a few flat buffers, so a weight update is a
 handful of large collective broadcasts instead of one message per tensor.
 
-The trainer packs (:func:`pack_buckets`), sends each bucket's metadata as JSON over HTTP and
+The trainer plans (:func:`plan_buckets`) and packs (:func:`pack_bucket`), sends each bucket's metadata as JSON over HTTP and
 broadcasts each buffer; every vLLM worker allocates the same buffers, receives them and
 unpacks them (:func:`unpack_bucket`) into views. Used by the ``nccl`` weight-sync transport.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,17 +46,10 @@ class Bucket:
         for name, shape, offset in bucket.tensors:
             if offset != end:
                 raise ValueError(f"bucket tensor {name}: offset {offset}, expected {end}")
-            end += _numel(shape)
+            end += math.prod(shape)
         if end != bucket.numel:
             raise ValueError(f"bucket numel {bucket.numel} != sum of its tensors {end}")
         return bucket
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
@@ -97,4 +91,4 @@ def pack_bucket(bucket: Bucket, tensors: dict[str, torch.Tensor]) -> torch.Tenso
 
 def unpack_bucket(bucket: Bucket, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     """Views of ``buffer`` (1-D, ``bucket.numel`` elements) shaped as the bucket's tensors."""
-    return [(name, buffer[offset:offset + _numel(shape)].view(shape)) for name, shape, offset in bucket.tensors]
+    return [(name, buffer[offset:offset + math.prod(shape)].view(shape)) for name, shape, offset in bucket.tensors]

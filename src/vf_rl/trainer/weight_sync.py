@@ -25,8 +25,8 @@ Transports (``weight_sync`` in ``[trainer.args]``):
 from __future__ import annotations
 
 import shutil
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -78,8 +78,6 @@ class FilesystemSync:
     """Merged weights through a safetensors file the server reads (same machine or shared
     filesystem)."""
 
-    name = "filesystem"
-
     def __init__(self, client: InferenceClient, directory: Path):
         self.client, self.directory = client, Path(directory)
 
@@ -106,8 +104,6 @@ class BroadcastSync:
         RuntimeError: the server could not join (its error message).
     """
 
-    name = "nccl"
-
     def __init__(self, client: InferenceClient, device: torch.device, backend: str = "nccl", host: str = "127.0.0.1",
                  port: int = 0, bucket_bytes: int = 1 << 30, timeout_s: float = 300.0):
         from vf_rl.inference.communicator import BroadcastGroup, free_port
@@ -116,28 +112,30 @@ class BroadcastSync:
         workers = client.weight_sync_info()["workers"]
         port = port or free_port(host)
         world_size = 1 + workers
-        joined = _in_thread(client.init_broadcast, host, port, world_size, backend, timeout_s)
+        # the server answers each HTTP call only once our side of the collective has run, so
+        # the calls go out from a background thread
+        self.http = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vf-rl-weight-sync")
+        joined = self.http.submit(client.init_broadcast, host, port, world_size, backend, timeout_s)
         self.group = BroadcastGroup(host, port, 0, world_size, backend, timeout_s, device=device)
-        joined()
+        joined.result()
         self.buckets_sent = 0
 
     def push(self, model: torch.nn.Module) -> None:
         tensors = merged_state_dict(model, device=None)
         buckets = plan_buckets(tensors.items(), self.bucket_bytes)
-        received = _in_thread(self.client.update_weights_broadcast, [b.to_json() for b in buckets])
+        received = self.http.submit(self.client.update_weights_broadcast, [b.to_json() for b in buckets])
         for bucket in buckets:
             self.group.broadcast(pack_bucket(bucket, tensors).to(self.group.device))
-        received()
+        received.result()
         self.buckets_sent = len(buckets)
 
     def close(self) -> None:
         self.group.close()
+        self.http.shutdown(wait=False)
 
 
 class LoraSync:
     """Only the LoRA adapter: saved with peft, hot-loaded into vLLM as ``LORA_NAME``."""
-
-    name = "lora"
 
     def __init__(self, client: InferenceClient, directory: Path):
         self.client, self.directory = client, Path(directory)
@@ -153,29 +151,6 @@ class LoraSync:
 
     def close(self) -> None:
         pass
-
-
-def _in_thread(fn, *args):
-    """Start ``fn(*args)`` in a thread (an HTTP call the server answers only once our side of
-    a collective has run); return a function that joins it and re-raises its error."""
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn(*args)
-        except BaseException as exc:  # re-raised in the caller's thread
-            result["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-
-    def join():
-        thread.join()
-        if "error" in result:
-            raise result["error"]
-        return result.get("value")
-
-    return join
 
 
 def make_weight_sync(kind: str, client: InferenceClient, output_dir: Path, device: torch.device, port: int = 0,
