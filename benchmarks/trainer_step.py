@@ -81,8 +81,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from vf_rl.trainer.batching import Sample, micro_batches  # noqa: E402
-from vf_rl.trainer.loss import cispo_loss, selective_logprobs  # noqa: E402
+from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches  # noqa: E402
+from vf_rl.trainer.loss import cispo_loss, policy_logprobs, selective_logprobs  # noqa: E402
 
 # Shapes of the real models (random weights; nothing is downloaded).
 MODEL_CONFIGS = {
@@ -306,11 +306,11 @@ class VfSide:
         entropy_sum = 0.0
         self.model.train()
         for mb in micro_batches(samples, a.micro_batch, self.pad_id):
+            start = first_trained_position(mb["loss_mask"])
             mb = {k: v.to(self.device) for k, v in mb.items()}
-            logits = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
-            logprobs, entropy = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], 1.0)
-            mask = mb["loss_mask"][:, 1:]
-            loss, stats = cispo_loss(logprobs, mb["sampling_logprobs"][:, 1:], mb["advantages"], mask, normalizer)
+            logprobs, entropy = policy_logprobs(self.model, mb, start, 1.0)
+            mask = mb["loss_mask"][:, start:]
+            loss, stats = cispo_loss(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"], mask, normalizer)
             loss.backward()
             total += loss.detach()
             _ = {k: float(v) for k, v in stats.items()}  # the trainer syncs for its stats too

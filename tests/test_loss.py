@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from vf_rl.trainer.loss import cispo_loss, selective_logprobs
+from vf_rl.trainer.loss import cispo_loss, policy_logprobs, selective_logprobs
 
 
 def reference_loss(trainer_lp, sampling_lp, adv, mask, normalizer, low, high):
@@ -108,6 +108,55 @@ def test_selective_logprobs_uses_temperature(temperature):
     assert torch.allclose(entropy.double(), -(probs * probs.log()).sum(-1), atol=1e-5)
 
 
+@pytest.mark.parametrize("temperature, dtype", [(1.0, torch.float32), (0.7, torch.float32), (1.0, torch.bfloat16)])
+def test_selective_logprobs_gradient_matches_log_softmax(temperature, dtype):
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(3, 5, 17, generator=g) * 3).to(dtype).requires_grad_()
+    ids = torch.randint(0, 17, (3, 5), generator=g)
+    weights = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    lp, _ = selective_logprobs(logits, ids, temperature)
+    (lp.double() * weights).sum().backward()
+    reference = logits.detach().double().requires_grad_()
+    expected = torch.log_softmax(reference / temperature, -1).gather(-1, ids[..., None]).squeeze(-1)
+    (expected * weights).sum().backward()
+    assert lp.dtype == torch.float32
+    assert torch.allclose(lp.double(), expected, atol=1e-5)
+    assert torch.allclose(logits.grad.double(), reference.grad, atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+
+
+def test_policy_logprobs_runs_the_lm_head_on_completions_only(model_dir):
+    """Real SmolLM2, a right-padded micro batch with different prompt lengths: the log-probs and
+    gradients with ``logits_to_keep`` equal those of a forward over every position."""
+    from transformers import AutoModelForCausalLM
+
+    from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for prompt_len, completion_len in ((9, 6), (5, 4), (12, 3)):
+        ids = torch.randint(10, 1000, (prompt_len + completion_len,), generator=g).tolist()
+        samples.append(Sample(input_ids=ids, loss_mask=[0] * prompt_len + [1] * completion_len,
+                              sampling_logprobs=[0.0] * len(ids), advantage=1.0))
+    mb = micro_batches(samples, 3, pad_token_id=0)[0]
+    heads = []
+    for keep in (True, False):
+        model.zero_grad()
+        start = first_trained_position(mb["loss_mask"])
+        assert start == 5  # the shortest prompt
+        lp, entropy = policy_logprobs(model, mb, start, 0.9, logits_to_keep=keep)
+        lp[mb["loss_mask"][:, start:]].sum().backward()
+        heads.append((lp.detach(), entropy, model.model.embed_tokens.weight.grad.clone()))
+    (lp_keep, ent_keep, grad_keep), (lp_all, ent_all, grad_all) = heads
+    with torch.no_grad():
+        logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits.double() / 0.9
+        full = torch.log_softmax(logits[:, :-1], -1).gather(-1, mb["input_ids"][:, 1:, None]).squeeze(-1)
+    assert lp_keep.shape == (3, mb["input_ids"].shape[1] - 5)
+    assert torch.allclose(lp_keep.double(), full[:, 4:], atol=1e-4)
+    assert torch.allclose(lp_keep, lp_all, atol=1e-5) and torch.allclose(ent_keep, ent_all, atol=1e-5)
+    assert torch.allclose(grad_keep, grad_all, atol=1e-6)
+
+
 def test_nan_sampling_logprob_means_ratio_one():
     """Trained tokens that were not sampled (environment text with mask_env_responses off)."""
     trainer = torch.tensor([[-1.0, -2.0]], requires_grad=True)
@@ -117,3 +166,42 @@ def test_nan_sampling_logprob_means_ratio_one():
     assert stats["importance_ratio_sum"].item() == pytest.approx(2.0)
     loss.backward()
     assert torch.isfinite(trainer.grad).all()
+
+
+def test_training_step_ignores_padding_micro_batches(model_dir, tmp_path):
+    """A real RLTrainer on SmolLM2: a batch whose last micro batch holds only the one-token
+    padding samples that ``shard`` adds gives the same loss and gradients as the batch without
+    them (several processes pad their shards this way)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.envs import load_environment
+    from vf_rl.trainer.batching import Sample
+    from vf_rl.trainer.orchestrator import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = RLConfig(output_dir=str(tmp_path), use_cpu=True, batch_size=2, rollouts_per_example=2, micro_batch_size=2,
+                    max_steps=1, report_to=[])
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    trainer = RLTrainer(model=model, env=env, args=args, processing_class=tokenizer, served_model_name="t")
+    g = torch.Generator().manual_seed(0)
+    real = []
+    for prompt_len, completion_len, advantage in ((6, 4, 1.0), (4, 5, -1.0)):
+        ids = torch.randint(10, 1000, (prompt_len + completion_len,), generator=g)
+        with torch.no_grad():  # sampling log-probs near the model's own, so the ratios stay unmasked
+            own, _ = selective_logprobs(model(input_ids=ids[None]).logits[:, :-1], ids[None, 1:])
+        sampling = [0.0] + (own[0] + 0.1 * torch.randn(len(ids) - 1, generator=g)).tolist()
+        real.append(Sample(ids.tolist(), [0] * prompt_len + [1] * completion_len, sampling, advantage))
+    padding = [Sample([0], [0], [0.0], 0.0)] * 2
+    results = []
+    for samples in (real, real + padding):
+        trainer.model.zero_grad()
+        loss, stats = trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[], metrics={}))
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results.append((float(loss), stats, grad))
+    (loss_a, stats_a, grad_a), (loss_b, stats_b, grad_b) = results
+    assert loss_a == pytest.approx(loss_b, abs=1e-6) and loss_a != 0.0
+    assert stats_a["tokens/loss"] == stats_b["tokens/loss"] == 9
+    assert stats_a["logprob_diff/max"] == pytest.approx(stats_b["logprob_diff/max"]) and stats_a["logprob_diff/max"] > 0
+    assert torch.allclose(grad_a, grad_b, atol=1e-7) and grad_a.abs().sum() > 0

@@ -63,8 +63,10 @@ def test_bucket_planning_rejects_bad_input():
 
 @pytest.mark.parametrize("requested, use_lora, trainer, server, expected", [
     ("auto", True, "cpu", ["cpu"], "filesystem"),
-    ("auto", True, "GPU-1", ["GPU-0"], "filesystem"),
+    ("auto", True, "GPU-1", ["GPU-0"], "nccl"),
+    ("auto", False, "GPU-2", ["GPU-0", "GPU-1"], "nccl"),
     ("auto", False, "GPU-0", ["GPU-0"], "filesystem"),
+    ("auto", True, "GPU-1", ["GPU-0", "GPU-1"], "filesystem"),
     ("nccl", True, "GPU-1", ["GPU-0", "GPU-2"], "nccl"),
     ("lora", True, "GPU-0", ["GPU-0"], "lora"),
     ("filesystem", False, "cpu", ["cpu"], "filesystem"),
@@ -74,11 +76,16 @@ def test_bucket_planning_rejects_bad_input():
     ("rdma", True, "GPU-1", ["GPU-0"], "expected one of"),
 ])
 def test_transport_choice(requested, use_lora, trainer, server, expected):
+    """``auto`` picks nccl exactly when no GPU is shared; explicit choices that cannot work fail."""
     if expected in ("filesystem", "nccl", "lora"):
         assert resolve_weight_sync(requested, use_lora, trainer, server) == expected
     else:
         with pytest.raises(ValueError, match=expected):
             resolve_weight_sync(requested, use_lora, trainer, server)
+
+
+def test_auto_does_not_pick_nccl_for_a_server_on_another_host():
+    assert resolve_weight_sync("auto", True, "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
 
 
 def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):

@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vf-eval: error: {flag} must be at least 1, got {value}", file=sys.stderr)
             return EXIT_BAD_INPUT
 
-    from openai import AsyncOpenAI
-
     from vf_rl.envs import load_environment
+    from vf_rl.inference.client import openai_client
     from vf_rl.metrics import rollout_metrics
 
     try:
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
 
         async def run():
-            client = AsyncOpenAI(base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "vf-rl"), max_retries=0)
+            client = openai_client(base_url, os.environ.get("OPENAI_API_KEY", "vf-rl"), timeout=600.0)
             try:
                 return await env.generate(client, opts.model, rows, opts.rollouts_per_example, sampling,
                                           opts.max_concurrent)

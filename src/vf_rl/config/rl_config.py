@@ -64,7 +64,7 @@ class RLConfig(TrainingArguments):
     vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
     generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch."})
     # Weight sync
-    weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"lora\" (adapter only, hot-loaded) or \"auto\" (filesystem for now)."})
+    weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"lora\" (adapter only, hot-loaded) or \"auto\" (nccl when the trainer and vLLM are on different GPUs of this machine, else filesystem)."})
     weight_sync_port: int = field(default=0, metadata={"help": "TCP port for forming the NCCL weight-sync group (0: a free port)."})
     weight_sync_bucket_mb: int = field(default=1024, metadata={"help": "Largest flat buffer per NCCL broadcast, MiB."})
     # Other

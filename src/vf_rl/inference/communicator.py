@@ -68,7 +68,7 @@ class BroadcastGroup:
 
         ``abort`` rather than ``shutdown``: a graceful NCCL shutdown waits for the peers, and
         the vLLM workers keep their side open for the server's lifetime (on an H200 pair the
-        trainer hung at exit with ``shutdown``)."""
+        trainer hung at exit with ``shutdown``; with ``abort`` two runs exited cleanly)."""
         abort = getattr(self.group, "abort", None)
         if abort is not None:
             try:

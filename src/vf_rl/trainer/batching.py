@@ -99,6 +99,13 @@ def shard(samples: list[Sample], world_size: int, rank: int, micro_batch_size: i
     return padded[rank::world_size]
 
 
+def first_trained_position(loss_mask: torch.Tensor) -> int:
+    """The first position ``>= 1`` where any row of a ``[B, L]`` loss mask is set (1 if none):
+    positions before it need no logits. Call it on the host copy (on a GPU it would sync)."""
+    trained = loss_mask[:, 1:].any(dim=0).nonzero()
+    return int(trained[0]) + 1 if len(trained) else 1
+
+
 def micro_batches(samples: list[Sample], micro_batch_size: int, pad_token_id: int) -> list[dict[str, torch.Tensor]]:
     """Right-pad samples into micro batches of ``micro_batch_size``.
 

@@ -1,6 +1,7 @@
 """The policy-gradient loss: token-level CISPO with importance-ratio masking.
 
-Pure tensors in, tensors out, so that it can be read, tested and swapped on its own.
+The loss is pure tensors in, tensors out, so that it can be read, tested and swapped on its
+own; ``policy_logprobs`` is the one forward pass it needs.
 
 For every completion token t with advantage A (the rollout's reward minus its group's mean):
 
@@ -48,9 +49,8 @@ def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
     if loss_normalizer <= 0:
         raise ValueError(f"loss_normalizer must be > 0, got {loss_normalizer}")
     mask = loss_mask.bool()
-    not_sampled = torch.isnan(sampling_logprobs)
-    if not_sampled.any():
-        sampling_logprobs = torch.where(not_sampled, trainer_logprobs.detach(), sampling_logprobs)
+    # no `if not_sampled.any()`: a Python branch on a GPU value would make the host wait
+    sampling_logprobs = torch.where(torch.isnan(sampling_logprobs), trainer_logprobs.detach(), sampling_logprobs)
     if advantages.dim() == 1:
         advantages = advantages[:, None].expand_as(trainer_logprobs)
     log_ratio = (trainer_logprobs - sampling_logprobs).masked_fill(~mask, 0.0)
@@ -72,6 +72,11 @@ def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, 
 def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of ``token_ids`` under ``softmax(logits / temperature)``, and the entropy.
 
+    Computed as ``logit(token) - logsumexp(logits)`` one row at a time, so that no full
+    ``[B, T, V]`` log-softmax (or its float32 copy) is ever held: the backward pass keeps only
+    the logits themselves (one float32 ``[T, V]`` copy per row when ``temperature != 1`` or the
+    logits are bf16). Same idea as TRL's ``selective_log_softmax``.
+
     Args:
         logits: ``[B, T, V]`` float, the model's logits at positions that *predict* the tokens
             (i.e. already shifted: ``logits[:, t]`` predicts ``token_ids[:, t]``).
@@ -79,11 +84,41 @@ def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperatur
         temperature: the sampling temperature (> 0). vf-vllm reports log-probs after
             temperature scaling (``--logprobs-mode processed_logprobs``), so this matches.
     Returns:
-        ``(logprobs [B, T], entropy [B, T])``; entropy is computed without grad (nats).
+        ``(logprobs [B, T] float32, entropy [B, T] float32)``; entropy is computed without
+        grad (nats).
     """
-    logits = logits.float() / temperature
-    logprobs_all = torch.log_softmax(logits, dim=-1)
-    logprobs = logprobs_all.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(logprobs_all.exp() * logprobs_all).sum(-1)
-    return logprobs, entropy
+    logprobs, entropies = [], []
+    for row, ids in zip(logits, token_ids):
+        row = row.float()
+        if temperature != 1.0:
+            row = row / temperature
+        lse = torch.logsumexp(row, dim=-1)
+        logprobs.append(row.gather(-1, ids[:, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            entropies.append(lse - (torch.softmax(row, dim=-1) * row).sum(-1))
+    return torch.stack(logprobs), torch.stack(entropies)
+
+
+def policy_logprobs(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor], start: int,
+                    temperature: float = 1.0, logits_to_keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward ``model`` on a micro batch and take the log-probs of its tokens from ``start`` on.
+
+    Only positions ``start - 1`` onwards go through the LM head (transformers'
+    ``logits_to_keep``), so the ``[B, T, V]`` logits cover completions, not prompts.
+
+    Args:
+        model: a causal LM (``logits_to_keep`` must be one of its forward's arguments when
+            ``logits_to_keep`` is true; all current transformers decoder models have it).
+        micro_batch: ``input_ids`` and ``attention_mask`` ``[B, L]`` long
+            (batching.micro_batches), on the model's device.
+        start: the first position with a trained token, ``1 <= start < L``
+            (batching.first_trained_position).
+        temperature: see :func:`selective_logprobs`.
+    Returns:
+        ``(logprobs [B, L - start], entropy [B, L - start])``: column ``i`` is token ``start + i``.
+    """
+    ids = micro_batch["input_ids"]
+    keep = ids.shape[1] - start + 1  # the logit at start - 1 predicts token start; the last predicts nothing
+    kwargs = {"logits_to_keep": keep} if logits_to_keep else {}
+    logits = model(input_ids=ids, attention_mask=micro_batch["attention_mask"], **kwargs).logits
+    return selective_logprobs(logits[:, -keep:-1], ids[:, start:], temperature)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from openai import AsyncOpenAI
 
 from vf_rl.envs import Environment, Rollout
+from vf_rl.inference.client import openai_client
 from vf_rl.metrics import rollout_metrics
 
 from .batching import Sample, group_advantages, rollout_to_samples
@@ -85,7 +86,7 @@ class Orchestrator:
         self.client = asyncio.run_coroutine_threadsafe(self._make_client(base_url, api_key), self.loop).result()
 
     async def _make_client(self, base_url: str, api_key: str) -> AsyncOpenAI:
-        return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=self.generation_timeout, max_retries=0)
+        return openai_client(base_url, api_key, self.generation_timeout)
 
     def rows_for_step(self, step: int) -> list[dict]:
         """The dataset rows of batch ``step``: the next ``prompts_per_batch`` rows, wrapping around."""

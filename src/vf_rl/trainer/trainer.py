@@ -14,6 +14,7 @@ environment's eval split; it does not change which rows the training batches use
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import random
@@ -32,13 +33,14 @@ except ImportError:  # transformers 4.x: a Trainer method
     rotate_checkpoints = None
 
 from vf_rl.config.rl_config import RLConfig
+from vf_rl.config.schema import LOOPBACK
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.metrics import rollout_metrics
 
 from . import display
-from .batching import micro_batches, shard
-from .loss import cispo_loss, selective_logprobs
+from .batching import first_trained_position, micro_batches, shard
+from .loss import cispo_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
 from .weight_sync import LORA_NAME, device_uuid, make_weight_sync, resolve_weight_sync
 
@@ -191,6 +193,9 @@ class RLTrainer(Trainer):
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
                          eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
         self.env = env
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        # the LM head runs only on completion positions (models without the argument: all positions)
+        self._logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.remove_callback(ProgressCallback)
         self.add_callback(_QuietProgress)
         self.add_callback(_RunCallback)
@@ -250,7 +255,8 @@ class RLTrainer(Trainer):
         """Main process: pick and open the weight-sync transport, start the orchestrator."""
         a = self.args
         info = self.inference.weight_sync_info()
-        kind = resolve_weight_sync(a.weight_sync, a.use_lora, device_uuid(a.device), info["devices"])
+        kind = resolve_weight_sync(a.weight_sync, a.use_lora, device_uuid(a.device), info["devices"],
+                                   server_is_local=a.vllm_server_host in LOOPBACK)
         self.weight_sync = make_weight_sync(kind, self.inference, Path(a.output_dir), a.device, a.weight_sync_port,
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
         model_name = self.served_model_name
@@ -323,30 +329,38 @@ class RLTrainer(Trainer):
         loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
         normalizer = max(loss_tokens, 1) / world
         mine = shard(batch.samples, world, rank, a.micro_batch_size)
-        totals = dict.fromkeys(("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low", "masked_high",
-                                "entropy_sum", "logprob_diff_sum", "logprob_diff_max"), 0.0)
-        trained_tokens = 0
+        # per-micro-batch sums stay on the device and are read once, after the last backward, so
+        # that the GPU never waits for the host between micro batches
+        sums: dict[str, torch.Tensor] = {}
+        diff_max = torch.zeros((), device=a.device)
         total_loss = torch.zeros((), device=a.device)
         model.train()
-        for mb in micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id):
-            mb = {k: v.to(a.device) for k, v in mb.items()}
-            trained_tokens += int(mb["attention_mask"].sum())
+        # everything the micro batches need from the host is read and copied before the first
+        # forward, so no copy or host read waits for queued GPU work inside the loop
+        on_host = micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id)
+        trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
+        starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
+        on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
+        for mb, start in zip(on_device, starts):
             with self.compute_loss_context_manager():
-                logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
-                logprobs, entropy = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], a.temperature)
-                mask = mb["loss_mask"][:, 1:]
-                loss, stats = cispo_loss(logprobs, mb["sampling_logprobs"][:, 1:], mb["advantages"], mask,
-                                         normalizer, a.mask_ratio_low, a.mask_ratio_high)
+                logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
+                mask, sampling = mb["loss_mask"][:, start:], mb["sampling_logprobs"][:, start:]
+                loss, stats = cispo_loss(logprobs, sampling, mb["advantages"], mask, normalizer,
+                                         a.mask_ratio_low, a.mask_ratio_high)
             self.accelerator.backward(loss)
             total_loss += loss.detach()
+            diff = (logprobs.detach() - sampling).abs()
+            diff = diff.masked_fill(~(mask & diff.isfinite()), 0.0)  # env-written tokens have no sampling log-prob
+            stats |= {"entropy_sum": entropy.masked_fill(~mask, 0.0).sum(), "logprob_diff_sum": diff.sum()}
             for k, v in stats.items():
-                totals[k] += float(v)
-            totals["entropy_sum"] += float(entropy.masked_fill(~mask, 0.0).sum())
-            diff = (logprobs.detach() - mb["sampling_logprobs"][:, 1:]).abs()
-            diff = diff[mask & diff.isfinite()]  # env-written tokens have no sampling log-prob
-            if diff.numel():
-                totals["logprob_diff_sum"] += float(diff.sum())
-                totals["logprob_diff_max"] = max(totals["logprob_diff_max"], float(diff.max()))
+                sums[k] = sums.get(k, 0.0) + v
+            if diff.numel():  # a micro batch of padding samples has no positions
+                diff_max = torch.maximum(diff_max, diff.max())
+        names = list(sums)
+        totals = dict(zip(names, torch.stack([sums[k] for k in names]).tolist())) if names else {}
+        totals = {k: totals.get(k, 0.0) for k in ("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low",
+                                                 "masked_high", "entropy_sum", "logprob_diff_sum")}
+        totals["logprob_diff_max"] = float(diff_max)
         n = max(totals["tokens"], 1.0)
         return total_loss, {
             "importance_ratio": totals["importance_ratio_sum"] / n, "mismatch_kl": totals["mismatch_kl_sum"] / n,

@@ -15,11 +15,12 @@ Transports (``weight_sync`` in ``[trainer.args]``):
     (``POST /v1/load_lora_adapter``, ``load_inplace``); rollouts then ask for the adapter by
     name. Needs ``use_lora`` and a server started with ``--enable-lora`` (``vf-rl`` adds it).
 ``auto`` (default)
-    ``filesystem``: it works in every layout. Measured per step on two H200s with SmolLM2-135M
-    (LoRA, bf16; benchmarks/RESULTS.md): nccl 0.09 s, lora 0.11 s, filesystem 0.52-0.60 s. auto
-    should pick nccl for separate GPUs once its clean exit is verified on a GPU (the first GPU
-    run trained fine but the trainer hung at exit; ``BroadcastGroup.close`` now aborts instead
-    of a graceful shutdown, not yet re-run there).
+    ``nccl`` when the trainer and every vLLM worker are on different GPUs of this machine,
+    ``filesystem`` otherwise (CPU, a GPU shared with the server, a server on another host).
+    Measured per step on two H200s (benchmarks/RESULTS.md): SmolLM2-135M nccl 0.09-0.12 s, lora
+    0.11-0.13 s, filesystem 0.44-0.60 s; a 1.1B Llama nccl 0.06 s, lora 0.13 s, filesystem
+    4.8 s. ``lora`` is never picked by itself: vLLM serving the adapter unmerged made generation
+    2.5x slower on the 135M model.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from .weights import export_weights, merged_state_dict
 LORA_NAME = "vf-rl-lora"
 
 
-def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, server_devices: list[str]) -> str:
+def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, server_devices: list[str],
+                        server_is_local: bool = True) -> str:
     """The transport to use.
 
     Args:
@@ -48,6 +50,8 @@ def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, ser
         use_lora: the trainer trains a LoRA adapter.
         trainer_device: the trainer's GPU UUID, or ``"cpu"``.
         server_devices: one GPU UUID (or ``"cpu"``) per vLLM worker.
+        server_is_local: the server listens on this machine's loopback address (the NCCL group
+            is formed there).
     Raises:
         ValueError: a transport that cannot work in this setup (one line, naming the key).
     """
@@ -56,7 +60,7 @@ def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, ser
     on_cpu = trainer_device == "cpu" or "cpu" in server_devices
     shared = trainer_device in server_devices
     if requested == "auto":
-        return "filesystem"
+        return "nccl" if server_is_local and not on_cpu and not shared else "filesystem"
     if requested == "nccl" and on_cpu:
         raise ValueError("weight_sync = 'nccl' needs the trainer and the vLLM server on GPUs; use 'filesystem'")
     if requested == "nccl" and shared:
