@@ -9,7 +9,7 @@ the model's own log-probs + small noise), the same micro batches and the same op
 * vf-rl: ``RLTrainer._train_on_batch(model, batch)`` (micro batches, forward, log-probs,
   ``cispo_loss``, backward), then grad clipping, ``optimizer.step()``, ``zero_grad()``.
   With ``--ours functions`` (or ``auto`` when ``RLTrainer`` cannot be imported, e.g. without
-  openai/fastapi) the same functions (``micro_batches``, ``selective_logprobs``,
+  openai/fastapi) the same functions (``micro_batches``, ``policy_logprobs``,
   ``cispo_loss``) are called in the same way as ``_train_on_batch``.
 * TRL: for each micro batch ``GRPOTrainer.compute_loss(model, inputs)`` on the input dict that
   ``_generate_and_score_completions`` produces (prompt/completion ids and masks, advantages,

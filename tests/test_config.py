@@ -260,3 +260,14 @@ def test_all_shipped_configs_pass_dry_run(tmp_path):
         result = run(["@", str(config), "--dry-run"], tmp_path)
         assert result.returncode == 0, (config.name, result.stderr)
         assert "[Inference]" in result.stdout and "[Trainer]" in result.stdout
+
+
+def test_deepspeed_config_without_the_package_is_one_clear_error(monkeypatch):
+    import importlib.util
+
+    from vf_rl.config.rl_config import RLConfig
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    with pytest.raises(ValueError, match=r"deepspeed: .*pip install 'vf-rl\[deepspeed\]'"):
+        RLConfig(output_dir="/tmp/unused", use_cpu=True, deepspeed="configs/deepspeed/zero3.json")

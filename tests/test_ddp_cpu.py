@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.server
 
@@ -63,3 +64,36 @@ def test_two_trainer_processes_share_each_batch(server, model_dir, tmp_path, res
     assert "Trainer: 2 process(es)" in result.stdout
     assert result.stdout.count("Weight sync: filesystem") == 1  # one process talks to the server
     assert (out / "checkpoint-2" / "adapter_model.safetensors").is_file()
+
+
+def test_zero3_trainer_processes_gather_weights_for_the_sync(server, model_dir, tmp_path, restore_base_weights):
+    """DeepSpeed ZeRO-3 (CPU accelerator, gloo) with full weights: each process holds a shard of
+    every weight; the sync gathers them, so the server gets whole tensors that training changed."""
+    pytest.importorskip("deepspeed")
+    import os
+
+    from safetensors.torch import load_file
+
+    config = tmp_path / "zero3.toml"
+    out = tmp_path / "run"
+    repo = __import__("pathlib").Path(__file__).resolve().parents[1]
+    text = CONFIG.format(model=model_dir, out=out, port=server.port).replace('run_name = "ddp"', 'run_name = "zero3"')
+    text = text.replace("save_steps = 2\n", f'save_steps = 2\nuse_lora = false\nlearning_rate = 1e-3\n'
+                        f'deepspeed = "{repo / "configs" / "deepspeed" / "zero3.json"}"\n')
+    text = text.replace("learning_rate = 1e-4\n", "")
+    config.write_text(text)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                             "-m", "vf_rl.cli.train", "@", str(config)],
+                            capture_output=True, text=True, timeout=900, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "reward" in r] == [1, 2]
+    # DeepSpeed saved its own checkpoint and took one optimizer step per trainer step (not one per
+    # micro batch: each process has 2 micro batches per step here)
+    assert sorted(p.name for p in (out / "checkpoint-2").glob("global_step*")) == ["global_step2"]
+    pushed = load_file(str(out / "weights" / "model.safetensors"))  # the step-1 weights the server reloaded
+    base = load_file(str(model_dir / "model.safetensors"))
+    assert pushed.keys() == {k for k in base if k != "lm_head.weight"}
+    assert all(pushed[k].shape == base[k].shape for k in pushed)  # whole tensors, not ZeRO-3 shards
+    assert any(not torch.equal(pushed[k].float(), base[k].float()) for k in pushed)  # and trained

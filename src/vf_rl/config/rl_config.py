@@ -91,7 +91,12 @@ class RLConfig(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: batches are built by the orchestrator."})
 
     def __post_init__(self):
+        import importlib.util
+
         import torch
+
+        if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
+            raise ValueError("deepspeed: a DeepSpeed config needs the deepspeed package (pip install 'vf-rl[deepspeed]')")
 
         if self.wandb:
             unknown = set(self.wandb) - {"project", "name", "entity", "tags", "group"}

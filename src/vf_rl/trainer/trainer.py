@@ -13,6 +13,7 @@ environment's eval split; it does not change which rows the training batches use
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -341,13 +342,18 @@ class RLTrainer(Trainer):
         trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
         starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
         on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
-        for mb, start in zip(on_device, starts):
-            with self.compute_loss_context_manager():
-                logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
-                mask, sampling = mb["loss_mask"][:, start:], mb["sampling_logprobs"][:, start:]
-                loss, stats = cispo_loss(logprobs, sampling, mb["advantages"], mask, normalizer,
-                                         a.mask_ratio_low, a.mask_ratio_high)
-            self.accelerator.backward(loss)
+        for i, (mb, start) in enumerate(zip(on_device, starts)):
+            # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
+            # steps it) once per batch, after the last micro batch
+            last = i == len(on_device) - 1
+            self.accelerator.sync_gradients = last
+            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                with self.compute_loss_context_manager():
+                    logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
+                    mask, sampling = mb["loss_mask"][:, start:], mb["sampling_logprobs"][:, start:]
+                    loss, stats = cispo_loss(logprobs, sampling, mb["advantages"], mask, normalizer,
+                                             a.mask_ratio_low, a.mask_ratio_high)
+                self.accelerator.backward(loss)
             total_loss += loss.detach()
             diff = (logprobs.detach() - sampling).abs()
             diff = diff.masked_fill(~(mask & diff.isfinite()), 0.0)  # env-written tokens have no sampling log-prob
@@ -403,10 +409,23 @@ class RLTrainer(Trainer):
     def sync_weights(self, step: int) -> None:
         """Push the current weights to the inference server through the weight-sync
         transport (main process; the others wait)."""
-        if self.is_world_process_zero():
-            self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+        with self._full_weights():
+            if self.is_world_process_zero():
+                self.weight_sync.push(self.accelerator.unwrap_model(self.model))
         self.accelerator.wait_for_everyone()
         self._synced_step = step
+
+    def _full_weights(self):
+        """DeepSpeed ZeRO-3 keeps only a shard of every weight on each process: gather the full
+        weights on every process for the sync (a collective, so every process enters it; the
+        memory of one full copy of the model per process while it lasts). A no-op otherwise."""
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        if not is_deepspeed_zero3_enabled():
+            return contextlib.nullcontext()
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
     # --- checkpoints --------------------------------------------------------------------------
 
