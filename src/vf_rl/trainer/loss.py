@@ -104,7 +104,8 @@ def policy_logprobs(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor]
     """Forward ``model`` on a micro batch and take the log-probs of its tokens from ``start`` on.
 
     Only positions ``start - 1`` onwards go through the LM head (transformers'
-    ``logits_to_keep``), so the ``[B, T, V]`` logits cover completions, not prompts.
+    ``logits_to_keep``), so the ``[B, T, V]`` logits cover completions, not prompts; no KV
+    cache is built (``use_cache=False``).
 
     Args:
         model: a causal LM (``logits_to_keep`` must be one of its forward's arguments when
@@ -120,5 +121,5 @@ def policy_logprobs(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor]
     ids = micro_batch["input_ids"]
     keep = ids.shape[1] - start + 1  # the logit at start - 1 predicts token start; the last predicts nothing
     kwargs = {"logits_to_keep": keep} if logits_to_keep else {}
-    logits = model(input_ids=ids, attention_mask=micro_batch["attention_mask"], **kwargs).logits
+    logits = model(input_ids=ids, attention_mask=micro_batch["attention_mask"], use_cache=False, **kwargs).logits
     return selective_logprobs(logits[:, -keep:-1], ids[:, start:], temperature)
