@@ -21,6 +21,22 @@ def model_dir() -> Path:
     return prepare(default_model_dir())
 
 
+def write_cpu_config(path: Path, model_dir: Path, out: Path, port: int, env_id: str = "reverse-text",
+                     inference_args: dict | None = None, **trainer_args) -> Path:
+    """Write a vf-rl TOML config for SmolLM2 on the CPU: reverse-text from its offline data with
+    ``few_shot = 2``, ``output_dir = out``, the server at ``port``; ``trainer_args`` added to (or
+    replacing) ``[trainer.args]``. Returns ``path``."""
+    import tomli_w
+
+    inference = {"gpus": 0, **({"args": inference_args} if inference_args else {})}
+    args = {"output_dir": str(out), "max_seq_len": 256, "learning_rate": 1e-4, "vllm_server_port": port,
+            **trainer_args}
+    path.write_text(tomli_w.dumps({"model": str(model_dir),
+                                   "env": {"id": env_id, "args": {"few_shot": 2, "source": "offline"}},
+                                   "inference": inference, "trainer": {"gpus": 0, "args": args}}))
+    return path
+
+
 class Server:
     def __init__(self, port: int, model: str, process: subprocess.Popen, log: Path):
         self.port, self.model, self.process, self.log = port, model, process, log

@@ -5,49 +5,25 @@ same batch; evaluation and checkpoints work. (On GPUs the same code ran with 2 x
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_cpu_config
 
 pytestmark = pytest.mark.server
 
-CONFIG = '''
-model = "{model}"
-[env]
-id = "reverse-text"
-[env.args]
-few_shot = 2
-source = "offline"
-[inference]
-gpus = 0
-[trainer]
-gpus = 0
-[trainer.args]
-run_name = "ddp"
-output_dir = "{out}"
-micro_batch_size = 2
-rollouts_per_example = 2
-batch_size = 8
-max_steps = 2
-max_tokens = 8
-max_seq_len = 256
-learning_rate = 1e-4
-use_cpu = true
-save_steps = 2
-eval_strategy = "steps"
-eval_steps = 2
-num_eval_examples = 2
-eval_rollouts_per_example = 2
-vllm_server_port = {port}
-'''
+# both runs: 2 processes x 2 micro batches of 2 per step, evaluation at steps 0 and 2
+RUN = dict(micro_batch_size=2, rollouts_per_example=2, batch_size=8, max_steps=2, max_tokens=8, use_cpu=True,
+           save_steps=2, eval_strategy="steps", eval_steps=2, num_eval_examples=2, eval_rollouts_per_example=2)
 
 
 def test_two_trainer_processes_share_each_batch(server, model_dir, tmp_path, restore_base_weights):
-    config = tmp_path / "ddp.toml"
     out = tmp_path / "run"
-    config.write_text(CONFIG.format(model=model_dir, out=out, port=server.port))
+    config = write_cpu_config(tmp_path / "ddp.toml", model_dir, out, server.port, run_name="ddp", **RUN)
     # torchrun is what `accelerate launch` runs on GPUs; on the CPU the processes talk through gloo
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "-m", "vf_rl.cli.train", "@", str(config)],
@@ -70,18 +46,12 @@ def test_zero3_trainer_processes_gather_weights_for_the_sync(server, model_dir, 
     """DeepSpeed ZeRO-3 (CPU accelerator, gloo) with full weights: each process holds a shard of
     every weight; the sync gathers them, so the server gets whole tensors that training changed."""
     pytest.importorskip("deepspeed")
-    import os
-
     from safetensors.torch import load_file
 
-    config = tmp_path / "zero3.toml"
     out = tmp_path / "run"
-    repo = __import__("pathlib").Path(__file__).resolve().parents[1]
-    text = CONFIG.format(model=model_dir, out=out, port=server.port).replace('run_name = "ddp"', 'run_name = "zero3"')
-    text = text.replace("save_steps = 2\n", f'save_steps = 2\nuse_lora = false\nlearning_rate = 1e-3\n'
-                        f'deepspeed = "{repo / "configs" / "deepspeed" / "zero3.json"}"\n')
-    text = text.replace("learning_rate = 1e-4\n", "")
-    config.write_text(text)
+    zero3 = Path(__file__).resolve().parents[1] / "configs" / "deepspeed" / "zero3.json"
+    config = write_cpu_config(tmp_path / "zero3.toml", model_dir, out, server.port, run_name="zero3", use_lora=False,
+                              learning_rate=1e-3, deepspeed=str(zero3), **RUN)
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                              "-m", "vf_rl.cli.train", "@", str(config)],

@@ -13,43 +13,17 @@ import sys
 import time
 
 import pytest
+from conftest import write_cpu_config
 from safetensors.torch import load_file
 
 
 pytestmark = pytest.mark.server
 
-CONFIG = '''
-model = "{model}"
-[env]
-id = "reverse-text"
-[env.args]
-few_shot = 2
-source = "offline"
-[inference]
-gpus = 0
-[trainer]
-gpus = 0
-[trainer.args]
-run_name = "resume"
-output_dir = "{out}"
-micro_batch_size = 4
-rollouts_per_example = 2
-batch_size = 4
-max_steps = 4
-max_tokens = 8
-max_seq_len = 256
-learning_rate = 1e-4
-lr_scheduler_type = "linear"
-save_steps = 2
-vllm_server_port = {port}
-{extra}
-'''
-
-
-def write_config(tmp_path, name, server, model_dir, extra=""):
-    path = tmp_path / f"{name}.toml"
-    path.write_text(CONFIG.format(model=model_dir, out=tmp_path / name, port=server.port, extra=extra))
-    return path
+def write_config(tmp_path, name, server, model_dir, **extra):
+    """Run ``name``: 4 steps of 4 rollouts, a checkpoint every 2 steps, linear LR schedule."""
+    return write_cpu_config(tmp_path / f"{name}.toml", model_dir, tmp_path / name, server.port, run_name="resume",
+                            micro_batch_size=4, rollouts_per_example=2, batch_size=4, max_steps=4, max_tokens=8,
+                            lr_scheduler_type="linear", save_steps=2, **extra)
 
 
 def train(config, *extra, **popen):
@@ -63,15 +37,9 @@ def jsonl(path):
 
 def test_kill_and_resume_matches_uninterrupted_run_and_eval_runs(server, model_dir, tmp_path, restore_base_weights):
     # A: uninterrupted, with evaluation every 2 steps (and at step 0) and wandb offline
-    config_a = write_config(tmp_path, "a", server, model_dir, extra='''eval_strategy = "steps"
-eval_steps = 2
-num_eval_examples = 2
-eval_rollouts_per_example = 2
-save_total_limit = 1
-report_to = "wandb"
-[trainer.args.wandb]
-project = "vf-rl-test"
-name = "resume-a"''')
+    config_a = write_config(tmp_path, "a", server, model_dir, eval_strategy="steps", eval_steps=2, num_eval_examples=2,
+                            eval_rollouts_per_example=2, save_total_limit=1, report_to="wandb",
+                            wandb={"project": "vf-rl-test", "name": "resume-a"})
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     run_a = train(config_a, env=env)
     out_a, _ = run_a.communicate(timeout=900)

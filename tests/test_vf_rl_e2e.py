@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import free_port
+from conftest import free_port, write_cpu_config
 
 pytestmark = pytest.mark.server
 
@@ -16,34 +16,10 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
     out = tmp_path / "run"
     session = f"vf-rl-e2e-{free_port()}"
     port = free_port()
-    config = tmp_path / "rt.toml"
-    config.write_text(f'''
-model = "{model_dir}"
-[env]
-id = "primeintellect/reverse-text"
-[env.args]
-few_shot = 2
-source = "offline"
-[inference]
-gpus = 0
-[inference.args]
-enforce_eager = true
-max_model_len = 512
-[trainer]
-gpus = 0
-[trainer.args]
-run_name = "e2e"
-output_dir = "{out}"
-micro_batch_size = 8
-rollouts_per_example = 4
-batch_size = 16
-max_steps = 2
-max_tokens = 16
-max_seq_len = 256
-learning_rate = 1e-4
-save_steps = 50
-vllm_server_port = {port}
-''')
+    config = write_cpu_config(tmp_path / "rt.toml", model_dir, out, port, env_id="primeintellect/reverse-text",
+                              inference_args={"enforce_eager": True, "max_model_len": 512}, run_name="e2e",
+                              micro_batch_size=8, rollouts_per_example=4, batch_size=16, max_steps=2, max_tokens=16,
+                              save_steps=50)
     result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
                             capture_output=True, text=True, timeout=900, cwd=tmp_path)
     trainer_log = (out / "logs" / "trainer.log").read_text() if (out / "logs" / "trainer.log").exists() else ""

@@ -97,11 +97,6 @@ class WeightSyncExtension:
             weights += unpack_bucket(bucket, buffer)
         return self._vf_reload(weights, start)
 
-    def vf_close_broadcast(self) -> None:
-        if getattr(self, "_vf_group", None) is not None:
-            self._vf_group.close()
-            self._vf_group = None
-
     def vf_device_uuid(self) -> str:
         """The UUID of this worker's GPU ("cpu" without one), so the trainer can tell whether
         it shares a GPU with the server (NCCL cannot connect two ranks on one GPU)."""

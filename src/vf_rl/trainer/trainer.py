@@ -362,8 +362,7 @@ class RLTrainer(Trainer):
                 sums[k] = sums.get(k, 0.0) + v
             if diff.numel():  # a micro batch of padding samples has no positions
                 diff_max = torch.maximum(diff_max, diff.max())
-        names = list(sums)
-        totals = dict(zip(names, torch.stack([sums[k] for k in names]).tolist())) if names else {}
+        totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
         totals = {k: totals.get(k, 0.0) for k in ("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low",
                                                  "masked_high", "entropy_sum", "logprob_diff_sum")}
         totals["logprob_diff_max"] = float(diff_max)
