@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from .fields import MISSING, rl_fields, trainer_fields
-from .rules import ConfigError, check_trainer_args, check_types, derive_defaults, suggest
+from .rules import ConfigError, check_call_args, check_trainer_args, check_types, derive_defaults, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -154,20 +153,35 @@ def validate_inference_args(config: "VfRlConfig") -> None:
 
 
 def validate_env(config: "VfRlConfig") -> None:
-    """The environment id names a built-in or an importable module."""
-    from vf_rl.envs.registry import builtin_environments, module_name
+    """The environment id names a built-in or an importable module whose ``load_environment``
+    takes ``[env.args]`` (names and annotated types; the module is imported, nothing is run).
+
+    Raises:
+        ConfigError: naming ``env.id`` or the ``env.args`` key.
+    """
+    import importlib
+    import importlib.util
+
+    from vf_rl.envs.registry import BUILTIN_PACKAGE, builtin_environments, module_name
 
     name = module_name(config.env.id)
     builtins = builtin_environments()
-    if name.replace("_", "-") in builtins:
-        return
+    candidates = [name, f"{BUILTIN_PACKAGE}.{name}"]
     try:
-        found = importlib.util.find_spec(name) is not None
+        found = next((c for c in candidates if importlib.util.find_spec(c) is not None), None)
     except (ImportError, ValueError):
-        found = False
-    if not found:
+        found = None
+    if found is None:
         raise ConfigError(f"env.id: unknown environment {config.env.id!r} (no module {name!r}); "
                           f"built-in environments: {', '.join(builtins)}")
+    try:
+        module = importlib.import_module(found)
+    except Exception as exc:
+        raise ConfigError(f"env.id: importing environment module {found!r} failed: {type(exc).__name__}: {exc}") from None
+    load = getattr(module, "load_environment", None)
+    if not callable(load):
+        raise ConfigError(f"env.id: environment module {found!r} has no load_environment()")
+    check_call_args(load, config.env.args, prefix="env.args.")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":
