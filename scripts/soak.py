@@ -35,6 +35,7 @@ from pathlib import Path
 import tomli_w
 
 from vf_rl.config.schema import load_config, resolved_trainer_args, server_address
+from vf_rl.inference.supervision import kill_tree
 
 
 def jsonl(path: Path) -> list[dict]:
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             logged = [r["step"] for r in jsonl(run_dir / "metrics.jsonl") if "reward" in r]
             if now < stop_disturbing and logged and now >= next_server:
                 for pid in pids(f"vf-vllm.*--port {port}")[:1]:
-                    os.killpg(os.getpgid(pid), signal.SIGKILL)
+                    kill_tree(pid)
                     kills["server"] += 1
                     print(f"soak: {now - start:.0f} s: killed the inference server (after step {max(logged)})",
                           flush=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port, write_cpu_config
 
-from vf_rl.inference.supervision import supervised_shell
+from vf_rl.inference.supervision import kill_tree, supervised_shell
 
 
 def launch(config: Path, session: str, cwd: Path, timeout: float = 900) -> subprocess.Popen:
@@ -74,7 +73,7 @@ def test_server_that_cannot_start_ends_the_run_in_seconds_with_its_error(model_d
     assert run.returncode not in (0, None), out
     assert "max_model_len (100000) is greater than the derived max_model_len" in out, out
     assert "inference.log" in out and "trainer.log" in out
-    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 15-20 s on 2 idle cores: vLLM's import dominates
+    assert elapsed < 30, f"took {elapsed:.0f} s"  # 15 s on 2 cores, 22 s with a second job running
     trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
     assert "vf-train: error: the inference server exited with status 1" in trainer_log
     assert "Traceback" not in trainer_log
@@ -101,7 +100,7 @@ def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_di
             pids = subprocess.run(["pgrep", "-f", f"vf_rl.cli.vllm_server.*--port {port}|vf-vllm.*--port {port}"],
                                   capture_output=True, text=True).stdout.split()
             assert pids, "no vf-vllm process found"
-            os.killpg(os.getpgid(int(pids[0])), signal.SIGKILL)  # the server and its engine process, as an OOM kill
+            kill_tree(int(pids[0]))  # the server and its engine processes, as an OOM kill
             killed = True
         time.sleep(0.2)
     assert killed, "step 2 was never logged"
@@ -113,7 +112,7 @@ def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_di
     steps = [r for r in jsonl(out / "metrics.jsonl") if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
     assert steps[-1]["server/reconnects"] >= 1
-    assert "generating batch" in trainer_log and "again" in trainer_log
+    assert "inference server back; current weights pushed" in trainer_log
     assert jsonl(out / "batches.jsonl") == jsonl(tmp_path / "ref" / "batches.jsonl")
     for r in steps:  # regenerated, not scored 0: no rollout of any step was lost to the kill
         assert r["errors/rate"] == 0.0, r

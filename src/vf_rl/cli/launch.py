@@ -59,11 +59,14 @@ class PaneCommand:
         return f"env {env} {shlex.join(self.argv)}"
 
     def shell(self, log: Path, exit_file: Path | None = None, after: str = "") -> str:
-        """The bash line the pane runs: env, the command teed to ``log``, exit status saved."""
-        line = f"{self.line()} 2>&1 | tee {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
+        """The bash line the pane runs: env, the command teed to ``log``, exit status saved. In
+        a subshell that survives Ctrl-C (``trap : INT``; ``tee -i``), so that the status is
+        written and ``after`` runs when the command is interrupted too (an interactive bash
+        drops the rest of a line whose command died of SIGINT)."""
+        line = f"{self.line()} 2>&1 | tee -i {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
-        return line + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\""
+        return f"( trap : INT; {line}" + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\" )"
 
 
 def inference_flags(args: dict) -> list[str]:

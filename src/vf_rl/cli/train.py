@@ -22,6 +22,14 @@ EXIT_INTERRUPTED = 130  # as bash reports a command ended by Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while loading: exit with a status, not by the signal
+        print("vf-train: interrupted (Ctrl-C); the last complete checkpoint is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         config_path, rest = parse_at_args(argv, "vf-train")
@@ -57,9 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_SERVER_GONE
-    except KeyboardInterrupt:
-        print("vf-train: interrupted (Ctrl-C); the last complete checkpoint is kept", file=sys.stderr)
-        return EXIT_INTERRUPTED
     return 0
 
 

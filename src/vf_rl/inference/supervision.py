@@ -29,15 +29,15 @@ class ServerExited(RuntimeError):
 def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Path, trainer_exit: Path) -> str:
     """The bash line of the Inference pane: ``command`` (its output appended to ``log``) in a
     restart loop, as the module docstring describes."""
-    q = shlex.quote
-    return (f"rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do "
-            f"{command} 2>&1 | tee -a {q(str(log))}; code=${{PIPESTATUS[0]}}; "
+    q = shlex.quote  # a subshell that survives Ctrl-C, as launch.PaneCommand.shell
+    return (f"( trap : INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do "
+            f"{command} 2>&1 | tee -i -a {q(str(log))}; code=${{PIPESTATUS[0]}}; "
             f"if [ -s {q(str(trainer_exit))} ] || [ $code -le 128 ] || [ $code -eq {SIGINT_STATUS} ] "
             f"|| [ $n -ge {MAX_RESTARTS} ]; then break; fi; n=$((n+1)); "
             f"echo \"$(date +%s) status $code\" >> {q(str(restarts_file))}; "
             f"echo \"[vf-rl] inference server killed (status $code): restart $n/{MAX_RESTARTS} in $((n*{RESTART_PAUSE_S}))s\"; "
             f"sleep $((n*{RESTART_PAUSE_S})); done; echo $code > {q(str(exit_file))}; "
-            f"echo \"[exited with status $code]\"")
+            f"echo \"[exited with status $code]\" )")
 
 
 def final_exit_status() -> int | None:
@@ -76,3 +76,18 @@ def check_server_alive() -> None:
     status = final_exit_status()
     if status is not None:
         raise ServerExited(exited_message(status))
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` and every process below it, as an OOM kill of the server and its
+    engine processes would (the soak script and the tests use it; ``psutil`` needed)."""
+    import signal
+
+    import psutil
+
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), root]:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
