@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -217,20 +216,14 @@ def validate_inference_args(config: "VfRlConfig") -> None:
 
 
 def validate_env(config: "VfRlConfig") -> None:
-    """The environment id names a built-in or an importable module."""
-    from vf_rl.envs.registry import builtin_environments, module_name
+    """The environment id names an importable module, a module in the working directory or a
+    built-in (``vf_rl.envs.registry.find_environment``; nothing is imported)."""
+    from vf_rl.envs.registry import find_environment
 
-    name = module_name(config.env.id)
-    builtins = builtin_environments()
-    if name.replace("_", "-") in builtins:
-        return
     try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError(f"env.id: unknown environment {config.env.id!r} (no module {name!r}); "
-                          f"built-in environments: {', '.join(builtins)}")
+        find_environment(config.env.id)
+    except ValueError as exc:
+        raise ConfigError(f"env.id: {exc}") from None
 
 
 def load_config(path: str | Path) -> "VfRlConfig":
