@@ -146,8 +146,8 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     raising = load_environment("vfx-reverse-text", raise_in_reward=True)
     rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
     rollouts = asyncio.run(raising.generate(client, server.model, rows, 2, sampling))
-    assert all("reward function lcs_reward_func raised RuntimeError: odd-length text" in r.error
-               for r in rollouts[:2])
+    assert all("reward function lcs_reward_func raised RuntimeError: odd-length text" in (r.error or "")
+               for r in rollouts[:2]), [(r.error, r.reward, r.metrics) for r in rollouts]
     assert all(r.reward == 0.0 for r in rollouts[:2])
     assert_rollouts_well_formed(rollouts[2:], max_turns=1)
 
