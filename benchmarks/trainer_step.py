@@ -7,10 +7,8 @@ the model's own log-probs + small noise), the same micro batches and the same op
 (torch AdamW, fused on CUDA, same lr, no weight decay). One timed step is, per side:
 
 * vf-rl: ``RLTrainer._train_on_batch(model, batch)`` (micro batches, forward, log-probs,
-  ``cispo_loss``, backward), then grad clipping, ``optimizer.step()``, ``zero_grad()``.
-  With ``--ours functions`` (or ``auto`` when ``RLTrainer`` cannot be imported, e.g. without
-  openai/fastapi) the same functions (``micro_batches``, ``policy_logprobs``,
-  ``cispo_loss``) are called in the same way as ``_train_on_batch``.
+  ``cispo_loss``, backward), then grad clipping, ``optimizer.step()``, ``zero_grad()``: the
+  trainer's own code path, nothing re-implemented here.
 * TRL: for each micro batch ``GRPOTrainer.compute_loss(model, inputs)`` on the input dict that
   ``_generate_and_score_completions`` produces (prompt/completion ids and masks, advantages,
   ``old_per_token_logps``, ``num_items_in_batch``), ``accelerator.backward``; then the same
@@ -57,7 +55,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 # No network on the benchmark machine: never try the hub, never send telemetry.
@@ -81,8 +78,8 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches  # noqa: E402
-from vf_rl.trainer.loss import cispo_loss, policy_logprobs, selective_logprobs  # noqa: E402
+from vf_rl.trainer.batching import Sample  # noqa: E402
+from vf_rl.trainer.loss import selective_logprobs  # noqa: E402
 
 # Shapes of the real models (random weights; nothing is downloaded).
 MODEL_CONFIGS = {
@@ -123,9 +120,6 @@ def parse_args(argv=None):
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
-    p.add_argument("--ours", choices=["auto", "trainer", "functions"], default="auto",
-                   help="trainer: a real RLTrainer and its _train_on_batch; functions: the same loss functions "
-                        "called as _train_on_batch does; auto: trainer if it can be imported")
     p.add_argument("--sides", default="vf-rl,trl", help="comma list, run in this order")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
@@ -239,27 +233,8 @@ class VfSide:
     name = "vf-rl"
 
     def __init__(self, model, tokenizer, args, device, out_dir: Path):
-        self.args, self.device = args, device
-        self.mode = args.ours
-        self.trainer = None
-        if self.mode in ("auto", "trainer"):
-            try:
-                self._build_trainer(model, tokenizer, out_dir)
-                self.mode = "trainer"
-            except ImportError as exc:
-                if self.mode == "trainer":
-                    raise
-                warnings.warn(f"RLTrainer not importable ({exc}); vf-rl side calls the loss functions directly")
-                self.mode = "functions"
-        if self.mode == "functions":
-            transformers.set_seed(args.seed)
-            if args.lora:
-                from peft import LoraConfig, get_peft_model
-
-                model = get_peft_model(model, LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha,
-                                                         lora_dropout=0.0, target_modules=LORA_TARGETS,
-                                                         task_type="CAUSAL_LM"))
-            self.model, self.accelerator = model.to(device), None
+        self.args, self.device, self.mode = args, device, "RLTrainer._train_on_batch"
+        self._build_trainer(model, tokenizer, out_dir)
         self.pad_id = tokenizer.pad_token_id
 
     def _build_trainer(self, model, tokenizer, out_dir):
@@ -272,7 +247,7 @@ class VfSide:
         wanted = dict(output_dir=str(out_dir / "vf-rl"), run_name="bench", report_to="none", seed=a.seed,
                       batch_size=a.batch, micro_batch_size=a.micro_batch, rollouts_per_example=pick_group_size(a.batch),
                       max_seq_len=a.prompt_len + a.completion_len, max_tokens=a.completion_len,
-                      max_prompt_len=10**6, learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
+                      max_prompt_len=a.prompt_len + a.completion_len - 1, learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
                       bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
@@ -286,36 +261,14 @@ class VfSide:
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
 
     def prepare(self, optimizer):
-        if self.accelerator is not None:
-            self.model, optimizer = self.accelerator.prepare(self.model, optimizer)
+        self.model, optimizer = self.accelerator.prepare(self.model, optimizer)
         return optimizer
 
     def run_batch(self, samples: list[Sample]) -> float:
         """Forward/backward of all micro batches of ``samples``; returns the summed loss."""
-        if self.mode == "trainer":
-            batch = self.Batch(step=0, samples=samples, rollouts=[], metrics={})
-            loss, _ = self.trainer._train_on_batch(self.model, batch)
-            return float(loss)
-        return self._functions_batch(samples)
-
-    def _functions_batch(self, samples: list[Sample]) -> float:
-        # The body of RLTrainer._train_on_batch for one process, with the same functions.
-        a = self.args
-        normalizer = max(sum(sum(s.loss_mask[1:]) for s in samples), 1)
-        total = torch.zeros((), device=self.device)
-        entropy_sum = 0.0
-        self.model.train()
-        for mb in micro_batches(samples, a.micro_batch, self.pad_id):
-            start = first_trained_position(mb["loss_mask"])
-            mb = {k: v.to(self.device) for k, v in mb.items()}
-            logprobs, entropy = policy_logprobs(self.model, mb, start, 1.0)
-            mask = mb["loss_mask"][:, start:]
-            loss, stats = cispo_loss(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"], mask, normalizer)
-            loss.backward()
-            total += loss.detach()
-            _ = {k: float(v) for k, v in stats.items()}  # the trainer syncs for its stats too
-            entropy_sum += float(entropy.masked_fill(~mask, 0.0).sum())
-        return float(total)
+        batch = self.Batch(step=0, samples=samples, rollouts=[], metrics={})
+        loss, _ = self.trainer._train_on_batch(self.model, batch)
+        return float(loss)
 
     def close(self):
         self.trainer = self.model = self.accelerator = None
@@ -513,10 +466,7 @@ def preload(sides) -> None:
     if "trl" in sides:
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
     if "vf-rl" in sides:
-        try:
-            from vf_rl.trainer.trainer import RLTrainer  # noqa: F401
-        except ImportError:
-            pass  # VfSide falls back (or raises with --ours trainer)
+        from vf_rl.trainer.trainer import RLTrainer  # noqa: F401
 
 
 def versions() -> dict:

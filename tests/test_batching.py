@@ -1,24 +1,61 @@
-"""Group advantages, samples, sharding and micro-batch padding."""
+"""Advantages, samples, sharding and micro-batch padding."""
+
+import math
 
 import pytest
 import torch
 
-import math
+from vf_rl.config.rules import ConfigError
+from vf_rl.envs import Rollout, Turn
+from vf_rl.trainer.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
+from vf_rl.trainer.batching import Sample, micro_batches, rollout_to_samples, shard
 
-from vf_rl.envs import Turn
-from vf_rl.trainer.batching import Sample, group_advantages, micro_batches, rollout_to_samples, shard
+
+def rollouts(rewards, lengths=None):
+    lengths = lengths or [1] * len(rewards)
+    return [Rollout(example_id=0, prompt=[], reward=r, turns=[Turn([0], [1] * n, [0.0] * n)])
+            for r, n in zip(rewards, lengths)]
 
 
-def test_group_advantages_subtract_group_mean_without_std():
+def group_advantages(rewards, group_size, fn=group_mean):
+    return compute_advantages(fn, rollouts(rewards), group_size)
+
+
+def test_group_mean_subtracts_the_group_mean_without_std():
     rewards = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]
     assert group_advantages(rewards, 4) == pytest.approx([0.75, -0.25, -0.25, -0.25, 0, 0, 0, 0])
     assert group_advantages([2.0, 4.0], 2) == pytest.approx([-1.0, 1.0])  # not divided by std (1.0)
     assert group_advantages([0.0, 10.0], 2) == pytest.approx([-5.0, 5.0])
 
 
-def test_group_advantages_rejects_ragged_groups():
+def test_group_mean_std_divides_by_the_population_std():
+    rewards = [1.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5]
+    std = math.sqrt((0.75 ** 2 + 3 * 0.25 ** 2) / 4)  # 0.4330
+    expected = [0.75 / (std + 1e-4)] + [-0.25 / (std + 1e-4)] * 3 + [0.0] * 4  # equal rewards: 0, not NaN
+    assert group_advantages(rewards, 4, group_mean_std) == pytest.approx(expected, rel=1e-5)
+    assert group_advantages([0.0, 10.0], 2, group_mean_std) == pytest.approx([-1.0, 1.0], rel=1e-4)
+
+
+def test_advantages_reject_ragged_groups_and_wrong_shapes():
     with pytest.raises(ValueError, match="groups of 4"):
         group_advantages([1.0] * 6, 4)
+    with pytest.raises(ValueError, match=r"returned shape \(4,\), expected \(2, 2\)"):
+        group_advantages([1.0] * 4, 2, lambda inputs: inputs.rewards.flatten())
+
+
+def test_advantage_inputs_carry_lengths_and_resolve_by_name():
+    seen = {}
+
+    def length_penalty(inputs):
+        seen["tokens"] = inputs.completion_tokens.tolist()
+        return group_mean(inputs) - 0.01 * inputs.completion_tokens
+
+    advantages = compute_advantages(length_penalty, rollouts([1.0, 0.0], lengths=[3, 5]), 2)
+    assert seen["tokens"] == [[3, 5]] and advantages == pytest.approx([0.5 - 0.03, -0.5 - 0.05])
+    assert set(ADVANTAGES) == {"group_mean", "group_mean_std"} and get_advantage("group_mean_std") is group_mean_std
+    assert get_advantage("vf_rl.trainer.advantage:group_mean") is group_mean
+    with pytest.raises(ConfigError, match="advantage_type: expected one of group_mean, group_mean_std"):
+        get_advantage("std")
 
 
 def test_single_turn_sample_masks_prompt_and_cuts_to_max_seq_len():

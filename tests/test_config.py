@@ -69,7 +69,7 @@ CASES = {
     "wrong type bool": (edit("batch_size = 32", "batch_size = 32\nuse_lora = 1"), "trainer.args.use_lora", "expected bool"),
     "batch not divisible by micro*gpus": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 2").replace(
         "batch_size = 32", "batch_size = 36").replace("rollouts_per_example = 8", "rollouts_per_example = 4"),
-        "micro_batch_size * trainer.gpus", "4 * 2 = 8"),
+        "micro_batch_size * trainer processes (trainer.gpus)", "4 * 2 = 8"),
     "batch not divisible by group": (edit("rollouts_per_example = 8", "rollouts_per_example = 12"),
                                      "trainer.args.batch_size (32)", "rollouts_per_example (12)"),
     "group too small": (edit("rollouts_per_example = 8", "rollouts_per_example = 1"),
@@ -271,3 +271,76 @@ def test_deepspeed_config_without_the_package_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
     with pytest.raises(ValueError, match=r"deepspeed: .*pip install 'vf-rl\[deepspeed\]'"):
         RLConfig(output_dir="/tmp/unused", use_cpu=True, deepspeed="configs/deepspeed/zero3.json")
+
+
+AGREE_BASE = {"batch_size": 8, "rollouts_per_example": 4, "micro_batch_size": 2, "max_seq_len": 512}
+AGREE_REJECT = {
+    "group does not divide batch": ({"batch_size": 10, "micro_batch_size": 1},
+                                    "batch_size (10) must be divisible by rollouts_per_example (4)"),
+    "micro batch does not divide batch": ({"micro_batch_size": 3}, "must be divisible by micro_batch_size * trainer processes"),
+    "group of one": ({"rollouts_per_example": 1}, "rollouts_per_example: must be at least 2"),
+    "max_tokens == max_seq_len": ({"max_tokens": 512}, "max_tokens (512) must be below max_seq_len (512)"),
+    "max_prompt_len over max_seq_len": ({"max_prompt_len": 600}, "max_prompt_len (600) must be below max_seq_len"),
+    "negative learning rate": ({"learning_rate": -1e-5}, "learning_rate: must not be negative"),
+    "zero temperature": ({"temperature": 0.0}, "temperature: must be positive"),
+    "mask ratio bounds": ({"mask_ratio_low": 2.0}, "mask_ratio_low/high"),
+    "epsilon bounds": ({"epsilon_low": 1.5}, "epsilon_low/high"),
+    "unknown loss": ({"loss_type": "ppo"}, "loss_type: expected one of cispo, dapo or 'module:function'"),
+    "unknown advantage": ({"advantage_type": "std"}, "advantage_type: expected one of group_mean, group_mean_std"),
+    "unknown scheduler": ({"lr_scheduler_type": "cosin"}, "unknown scheduler 'cosin' (did you mean 'cosine'?)"),
+    "bf16 on the cpu": ({"bf16": True}, "bf16 = true needs a GPU"),
+    "unknown weight sync": ({"weight_sync": "disk"}, "weight_sync: expected one of auto, filesystem, nccl, lora"),
+    "lora sync without lora": ({"weight_sync": "lora", "use_lora": False}, "weight_sync = 'lora' needs"),
+    "lora sync with modules_to_save": ({"weight_sync": "lora", "lora_modules_to_save": ["lm_head"]},
+                                       "cannot send lora_modules_to_save"),
+    "weight sync port": ({"weight_sync_port": 70000}, "weight_sync_port: not a port number"),
+    "server port": ({"vllm_server_port": 0}, "vllm_server_port: not a port number"),
+    "zero generation timeout": ({"generation_timeout": 0.0}, "generation_timeout: must be positive"),
+    "zero lora rank": ({"lora_rank": 0}, "lora_rank: must be positive"),
+    "int as str": ({"batch_size": "8"}, "batch_size: expected int, got '8'"),
+    "int as bool": ({"use_lora": 1}, "use_lora: expected bool, got 1"),
+}
+AGREE_ACCEPT = {
+    "defaults": {},
+    "max_tokens below max_seq_len": {"max_tokens": 511},
+    "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
+    "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss", "advantage_type": "my_module:my_advantage"},
+}
+
+
+def both_paths(args: dict, tmp_path: Path) -> tuple[Exception | None, Exception | None]:
+    """``args`` through the TOML path (load_config) and the Python path (RLConfig): the error each raised."""
+    import tomli_w
+
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.config.schema import load_config
+
+    path = tmp_path / "agree.toml"
+    path.write_text(tomli_w.dumps({"model": "Qwen/Qwen3-4B-Instruct-2507", "env": {"id": "reverse-text"},
+                                   "inference": {"gpus": 0}, "trainer": {"gpus": 0, "args": args}}))
+    errors = []
+    for attempt in (lambda: load_config(path),
+                    lambda: RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **args)):
+        try:
+            attempt()
+            errors.append(None)
+        except ValueError as exc:
+            errors.append(exc)
+    return errors[0], errors[1]
+
+
+@pytest.mark.parametrize("case", list(AGREE_REJECT))
+def test_toml_and_python_reject_alike(case, tmp_path):
+    """The same rules (config/rules.py) guard the TOML file and RLConfig: same case, same message."""
+    extra, needle = AGREE_REJECT[case]
+    toml_error, python_error = both_paths({**AGREE_BASE, **extra}, tmp_path)
+    assert toml_error is not None and python_error is not None, (toml_error, python_error)
+    assert f"trainer.args.{needle.split()[0]}" in str(toml_error) or needle in str(toml_error)
+    assert needle in str(toml_error), str(toml_error)
+    assert needle in str(python_error), str(python_error)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", list(AGREE_ACCEPT))
+def test_toml_and_python_accept_alike(case, tmp_path):
+    assert both_paths({**AGREE_BASE, **AGREE_ACCEPT[case]}, tmp_path) == (None, None)

@@ -5,9 +5,17 @@ import asyncio
 import pytest
 from conftest import assert_rollouts_well_formed
 
+from vf_rl.environments.wordle import (
+    EXAMPLE_SECRET,
+    RULES,
+    WordleEnv,
+    default_allowed_guesses,
+    default_answers,
+    example_game,
+    judge,
+    score_guess,
+)
 from vf_rl.envs import load_environment
-from vf_rl.environments.wordle import (EXAMPLE_SECRET, RULES, WordleEnv, default_allowed_guesses,
-                                       default_answers, example_game, judge, score_guess)
 
 
 @pytest.fixture(scope="module")

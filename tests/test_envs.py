@@ -1,7 +1,6 @@
 """Environment core: registry naming, parser, rubric, and the reverse-text environment."""
 
 import asyncio
-import sys
 import textwrap
 
 import pytest

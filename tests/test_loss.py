@@ -1,11 +1,28 @@
-"""The CISPO loss against a float64 reference, masking at both bounds, normalisation."""
+"""The losses against float64 hand computations, masking and clipping at both bounds,
+normalisation, the statistics convention, and resolving a loss by name."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vf_rl.trainer.loss import cispo_loss, policy_logprobs, selective_logprobs
+from vf_rl.config.rules import ConfigError
+from vf_rl.trainer.loss import LOSSES, LossInputs, cispo_loss, dapo_loss, get_loss, policy_logprobs, selective_logprobs
+
+ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28)
+
+
+def run_loss(fn, trainer_lp, sampling_lp, adv, mask, normalizer, **args):
+    """``fn`` on plain tensors: returns ``(loss, stats)``."""
+    inputs = LossInputs(trainer_lp, sampling_lp, adv, mask.bool(), torch.zeros_like(trainer_lp), normalizer)
+    out = fn(inputs, SimpleNamespace(**{**vars(ARGS), **args}))
+    return out.loss, out.stats
+
+
+def cispo(trainer_lp, sampling_lp, adv, mask, normalizer, low=0.125, high=8.0):
+    return run_loss(cispo_loss, trainer_lp, sampling_lp, adv, mask, normalizer, mask_ratio_low=low,
+                    mask_ratio_high=high)
 
 
 def reference_loss(trainer_lp, sampling_lp, adv, mask, normalizer, low, high):
@@ -34,10 +51,12 @@ def random_inputs(seed, B=4, T=7, spread=1.0):
 def test_loss_matches_float64_reference(seed):
     trainer_lp, sampling_lp, adv, mask = random_inputs(seed, spread=1.5)  # some ratios leave [1/8, 8]
     normalizer = float(mask.sum())
-    loss, stats = cispo_loss(trainer_lp.float(), sampling_lp.float(), adv.float(), mask, normalizer)
+    loss, stats = cispo(trainer_lp.float(), sampling_lp.float(), adv.float(), mask, normalizer)
     expected = reference_loss(trainer_lp, sampling_lp, adv, mask, normalizer, 0.125, 8.0)
     assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
-    assert stats["tokens"].item() == mask.sum().item()
+    assert stats["importance_ratio"].item() == pytest.approx(
+        sum(math.exp(float(trainer_lp[b, t]) - float(sampling_lp[b, t]))
+            for b in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[b, t]), rel=1e-5)
 
 
 def test_masking_at_both_bounds():
@@ -49,9 +68,10 @@ def test_masking_at_both_bounds():
     trainer = torch.tensor([[log(r) for r in ratios]], requires_grad=True)
     adv = torch.tensor([1.0])
     mask = torch.ones(1, 5, dtype=torch.bool)
-    loss, stats = cispo_loss(trainer, sampling, adv, mask, 1.0, low, high)
+    loss, stats = cispo(trainer, sampling, adv, mask, 1.0, low, high)
     assert loss.item() == pytest.approx(-(low + high + 1.0), rel=1e-5)
-    assert stats["masked_low"].item() == 1 and stats["masked_high"].item() == 1
+    assert stats["masked/low_fraction"].item() == 1 and stats["masked/high_fraction"].item() == 1
+    assert stats["tokens/masked_fraction"].item() == 2
     loss.backward()
     # d(-r*A)/d logp = -r*A on kept tokens, 0 on dropped ones: CISPO's stop-grad weight times grad log p
     assert trainer.grad[0].tolist() == pytest.approx([-low, 0.0, -high, 0.0, -1.0], rel=1e-5)
@@ -61,10 +81,10 @@ def test_loss_mask_excludes_tokens_even_with_extreme_ratios():
     trainer = torch.tensor([[0.0, 50.0, -50.0]])
     sampling = torch.zeros(1, 3)
     mask = torch.tensor([[True, False, False]])
-    loss, stats = cispo_loss(trainer, sampling, torch.tensor([2.0]), mask, 1.0)
+    loss, stats = cispo(trainer, sampling, torch.tensor([2.0]), mask, 1.0)
     assert loss.item() == pytest.approx(-2.0)
-    assert stats["masked_low"].item() == 0 and stats["masked_high"].item() == 0
-    assert torch.isfinite(stats["mismatch_kl_sum"])
+    assert stats["masked/low_fraction"].item() == 0 and stats["masked/high_fraction"].item() == 0
+    assert torch.isfinite(stats["mismatch_kl"]) and stats["logprob_diff/max"].item() == 0.0
 
 
 def test_token_level_normalisation_over_global_batch():
@@ -72,28 +92,80 @@ def test_token_level_normalisation_over_global_batch():
     so long sequences weigh more than short ones (token-level, not sequence-level)."""
     trainer_lp, sampling_lp, adv, mask = random_inputs(7, B=6, spread=0.2)
     normalizer = float(mask.sum())
-    whole, _ = cispo_loss(trainer_lp, sampling_lp, adv, mask, normalizer)
-    parts = sum(cispo_loss(trainer_lp[i:i + 2], sampling_lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], normalizer)[0]
+    whole, _ = cispo(trainer_lp, sampling_lp, adv, mask, normalizer)
+    parts = sum(cispo(trainer_lp[i:i + 2], sampling_lp[i:i + 2], adv[i:i + 2], mask[i:i + 2], normalizer)[0]
                 for i in range(0, 6, 2))
     assert parts.item() == pytest.approx(whole.item(), rel=1e-9)
     # two processes, each normalising by global/world: their mean equals the whole
     half = normalizer / 2
-    rank0, _ = cispo_loss(trainer_lp[:3], sampling_lp[:3], adv[:3], mask[:3], half)
-    rank1, _ = cispo_loss(trainer_lp[3:], sampling_lp[3:], adv[3:], mask[3:], half)
+    rank0, _ = cispo(trainer_lp[:3], sampling_lp[:3], adv[:3], mask[:3], half)
+    rank1, _ = cispo(trainer_lp[3:], sampling_lp[3:], adv[3:], mask[3:], half)
     assert ((rank0 + rank1) / 2).item() == pytest.approx(whole.item(), rel=1e-9)
 
 
 def test_on_policy_stats():
     lp = -torch.rand(2, 5)
-    loss, stats = cispo_loss(lp, lp.clone(), torch.tensor([1.0, -1.0]), torch.ones(2, 5, dtype=torch.bool), 10.0)
-    assert stats["importance_ratio_sum"].item() == pytest.approx(10.0)
-    assert stats["mismatch_kl_sum"].item() == pytest.approx(0.0, abs=1e-6)
+    loss, stats = cispo(lp, lp.clone(), torch.tensor([1.0, -1.0]), torch.ones(2, 5, dtype=torch.bool), 10.0)
+    assert stats["importance_ratio"].item() == pytest.approx(10.0)
+    assert stats["mismatch_kl"].item() == pytest.approx(0.0, abs=1e-6)
     assert loss.item() == pytest.approx(0.0, abs=1e-6)  # advantages cancel
 
 
-def test_bad_normalizer():
+@pytest.mark.parametrize("fn", [cispo_loss, dapo_loss])
+def test_bad_normalizer(fn):
     with pytest.raises(ValueError, match="loss_normalizer"):
-        cispo_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 0)
+        run_loss(fn, torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 0)
+
+
+def dapo_reference(trainer_lp, sampling_lp, adv, mask, normalizer, eps_low, eps_high):
+    """PPO's clipped surrogate with asymmetric clip, token by token in float64 Python."""
+    total = 0.0
+    for b in range(trainer_lp.shape[0]):
+        for t in range(trainer_lp.shape[1]):
+            if mask[b, t]:
+                ratio = math.exp(float(trainer_lp[b, t]) - float(sampling_lp[b, t]))
+                clipped = min(max(ratio, 1 - eps_low), 1 + eps_high)
+                total += -min(ratio * float(adv[b]), clipped * float(adv[b]))
+    return total / normalizer
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dapo_matches_float64_reference(seed):
+    trainer_lp, sampling_lp, adv, mask = random_inputs(seed, spread=0.4)  # many ratios outside the clip range
+    normalizer = float(mask.sum())
+    loss, stats = run_loss(dapo_loss, trainer_lp.float(), sampling_lp.float(), adv.float(), mask, normalizer,
+                           epsilon_low=0.2, epsilon_high=0.28)
+    expected = dapo_reference(trainer_lp, sampling_lp, adv, mask, normalizer, 0.2, 0.28)
+    assert loss.item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    assert stats["clipped/low_fraction"].item() + stats["clipped/high_fraction"].item() > 0
+
+
+def test_dapo_gradient_is_zero_exactly_where_the_clip_binds():
+    eps_low, eps_high = 0.2, 0.28
+    ratios = [0.7, 0.9, 1.2, 1.4, 0.7, 1.4]  # A > 0 for the first four, A < 0 for the last two
+    adv = torch.tensor([1.0, -1.0])
+    trainer = torch.tensor([[math.log(r) for r in ratios[:4]], [math.log(ratios[4]), math.log(ratios[5]), 0, 0]],
+                           requires_grad=True)
+    mask = torch.tensor([[True] * 4, [True, True, False, False]])
+    loss, stats = run_loss(dapo_loss, trainer, torch.zeros(2, 4), adv, mask, 1.0, epsilon_low=eps_low,
+                           epsilon_high=eps_high)
+    loss.backward()
+    # A > 0: only r > 1 + eps_high is clipped (1.4); A < 0: only r < 1 - eps_low is clipped (0.7)
+    assert trainer.grad[0].tolist() == pytest.approx([-0.7, -0.9, -1.2, 0.0], rel=1e-5)
+    assert trainer.grad[1].tolist() == pytest.approx([0.0, 1.4, 0.0, 0.0], rel=1e-5)
+    assert stats["clipped/high_fraction"].item() == 1 and stats["clipped/low_fraction"].item() == 1
+
+
+def test_losses_resolve_by_name_and_module_path():
+    assert get_loss("cispo") is cispo_loss and get_loss("dapo") is dapo_loss
+    assert set(LOSSES) == {"cispo", "dapo"}
+    assert get_loss("vf_rl.trainer.loss:dapo_loss") is dapo_loss
+    with pytest.raises(ConfigError, match="loss_type: expected one of cispo, dapo"):
+        get_loss("ppo")
+    with pytest.raises(ConfigError, match="loss_type: cannot import module 'no_such_module'"):
+        get_loss("no_such_module:my_loss")
+    with pytest.raises(ConfigError, match="has no function 'nope'"):
+        get_loss("vf_rl.trainer.loss:nope")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
@@ -161,9 +233,9 @@ def test_nan_sampling_logprob_means_ratio_one():
     """Trained tokens that were not sampled (environment text with mask_env_responses off)."""
     trainer = torch.tensor([[-1.0, -2.0]], requires_grad=True)
     sampling = torch.tensor([[float("nan"), -2.0]])
-    loss, stats = cispo_loss(trainer, sampling, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), 2.0)
+    loss, stats = cispo(trainer, sampling, torch.tensor([1.0]), torch.ones(1, 2, dtype=torch.bool), 2.0)
     assert loss.item() == pytest.approx(-1.0)
-    assert stats["importance_ratio_sum"].item() == pytest.approx(2.0)
+    assert stats["importance_ratio"].item() == pytest.approx(2.0)
     loss.backward()
     assert torch.isfinite(trainer.grad).all()
 

@@ -16,7 +16,6 @@ import pytest
 from conftest import write_cpu_config
 from safetensors.torch import load_file
 
-
 pytestmark = pytest.mark.server
 
 def write_config(tmp_path, name, server, model_dir, **extra):
@@ -74,7 +73,7 @@ def test_kill_and_resume_matches_uninterrupted_run_and_eval_runs(server, model_d
         state = json.loads((run / "checkpoint-4" / "trainer_state.json").read_text())
         assert state["global_step"] == 4
         for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth", "adapter_model.safetensors",
-                     "orchestrator_state.json", "tokenizer.json"):
+                     "tokenizer.json"):
             assert (run / "checkpoint-4" / name).is_file(), name
         assert not list(run.glob(".tmp-checkpoint-*"))
     # the same rows in the same order, step by step (evaluation did not disturb them)

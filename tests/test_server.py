@@ -143,7 +143,7 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
 
 
 def test_weight_routes_reject_bad_requests(server):
-    assert httpx.get(f"{server.base_url}/get_world_size").json() == {"world_size": 1}
+    assert httpx.get(f"{server.base_url}/weight_sync_info").json() == {"workers": 1, "devices": ["cpu"]}
     assert httpx.post(f"{server.base_url}/update_weights", json={"nope": 1}).status_code == 400
     missing = httpx.post(f"{server.base_url}/update_weights", json={"path": "/no/such/weights"})
     assert missing.status_code == 404 and "no safetensors" in missing.json()["error"]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest

@@ -24,7 +24,12 @@ from vf_rl.trainer.batching import rollout_to_samples
 verifiers = pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
 
 from vf_rl.envs.verifiers_adapter import (  # noqa: E402
-    VerifiersEnvironment, VerifiersError, check_console_scripts, check_supported, verifiers_api)
+    VerifiersEnvironment,
+    VerifiersError,
+    check_console_scripts,
+    check_supported,
+    verifiers_api,
+)
 
 ENVS = Path(__file__).resolve().parent / "verifiers_envs"
 

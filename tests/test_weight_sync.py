@@ -61,31 +61,30 @@ def test_bucket_planning_rejects_bad_input():
         plan_buckets([("step", torch.zeros(2, dtype=torch.int64))], 1024)
 
 
-@pytest.mark.parametrize("requested, use_lora, trainer, server, expected", [
-    ("auto", True, "cpu", ["cpu"], "filesystem"),
-    ("auto", True, "GPU-1", ["GPU-0"], "nccl"),
-    ("auto", False, "GPU-2", ["GPU-0", "GPU-1"], "nccl"),
-    ("auto", False, "GPU-0", ["GPU-0"], "filesystem"),
-    ("auto", True, "GPU-1", ["GPU-0", "GPU-1"], "filesystem"),
-    ("nccl", True, "GPU-1", ["GPU-0", "GPU-2"], "nccl"),
-    ("lora", True, "GPU-0", ["GPU-0"], "lora"),
-    ("filesystem", False, "cpu", ["cpu"], "filesystem"),
-    ("nccl", True, "cpu", ["cpu"], "needs the trainer and the vLLM server on GPUs"),
-    ("nccl", True, "GPU-0", ["GPU-1", "GPU-0"], "cannot connect two ranks on one GPU"),
-    ("lora", False, "GPU-1", ["GPU-0"], "needs use_lora"),
-    ("rdma", True, "GPU-1", ["GPU-0"], "expected one of"),
+@pytest.mark.parametrize("requested, trainer, server, expected", [
+    ("auto", "cpu", ["cpu"], "filesystem"),
+    ("auto", "GPU-1", ["GPU-0"], "nccl"),
+    ("auto", "GPU-2", ["GPU-0", "GPU-1"], "nccl"),
+    ("auto", "GPU-0", ["GPU-0"], "filesystem"),
+    ("auto", "GPU-1", ["GPU-0", "GPU-1"], "filesystem"),
+    ("nccl", "GPU-1", ["GPU-0", "GPU-2"], "nccl"),
+    ("lora", "GPU-0", ["GPU-0"], "lora"),
+    ("filesystem", "cpu", ["cpu"], "filesystem"),
+    ("nccl", "cpu", ["cpu"], "needs the trainer and the vLLM server on GPUs"),
+    ("nccl", "GPU-0", ["GPU-1", "GPU-0"], "cannot connect two ranks on one GPU"),
+    ("rdma", "GPU-1", ["GPU-0"], "expected one of"),
 ])
-def test_transport_choice(requested, use_lora, trainer, server, expected):
+def test_transport_choice(requested, trainer, server, expected):
     """``auto`` picks nccl exactly when no GPU is shared; explicit choices that cannot work fail."""
     if expected in ("filesystem", "nccl", "lora"):
-        assert resolve_weight_sync(requested, use_lora, trainer, server) == expected
+        assert resolve_weight_sync(requested, trainer, server) == expected
     else:
         with pytest.raises(ValueError, match=expected):
-            resolve_weight_sync(requested, use_lora, trainer, server)
+            resolve_weight_sync(requested, trainer, server)
 
 
 def test_auto_does_not_pick_nccl_for_a_server_on_another_host():
-    assert resolve_weight_sync("auto", True, "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
+    assert resolve_weight_sync("auto", "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
 
 
 def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
@@ -110,6 +109,6 @@ def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
 def test_weight_sync_key_is_checked_by_rl_config():
     from vf_rl.config.rl_config import RLConfig
 
-    with pytest.raises(ValueError, match="weight_sync must be one of"):
+    with pytest.raises(ValueError, match="weight_sync: expected one of auto, filesystem, nccl, lora"):
         RLConfig(output_dir="/tmp/unused", use_cpu=True, weight_sync="disk", batch_size=4, rollouts_per_example=2,
                  micro_batch_size=2)

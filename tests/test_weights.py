@@ -1,6 +1,5 @@
 """LoRA weights are exported merged, in checkpoint names, without touching the training model."""
 
-import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file

@@ -30,5 +30,6 @@ x = torch.arange(n, dtype=torch.bfloat16, device=device) if rank == 0 else torch
 for i in range(3):
     start = time.perf_counter()
     group.broadcast(x)
-    print(f"rank {rank}: broadcast {i} of 256 MiB in {time.perf_counter() - start:.4f} s, ok={bool(x[-1].item() != 0) if rank else True}", flush=True)
+    ok = bool(x[-1].item() != 0) if rank else True
+    print(f"rank {rank}: broadcast {i} of 256 MiB in {time.perf_counter() - start:.4f} s, ok={ok}", flush=True)
 group.close()

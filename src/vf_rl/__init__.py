@@ -6,9 +6,24 @@
 so that the launcher (``vf-rl``) starts instantly.
 """
 
-from vf_rl.envs import (BoxedParser, Environment, MathRubric, MultiTurnEnv, Parser, Rollout, Rubric, SingleTurnEnv,
-                        ThinkParser, ToolEnv, Turn, XMLParser, builtin_environments, extract_boxed_answer,
-                        load_environment, tool_schema)
+from vf_rl.envs import (
+    BoxedParser,
+    Environment,
+    MathRubric,
+    MultiTurnEnv,
+    Parser,
+    Rollout,
+    Rubric,
+    SingleTurnEnv,
+    ThinkParser,
+    ToolEnv,
+    Turn,
+    XMLParser,
+    builtin_environments,
+    extract_boxed_answer,
+    load_environment,
+    tool_schema,
+)
 
 __version__ = "0.1.0"
 __all__ = ["RLTrainer", "RLConfig", "load_environment", "builtin_environments", "Environment", "SingleTurnEnv",

@@ -30,7 +30,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, resolved_trainer_args
+from vf_rl.config.schema import (
+    LOOPBACK,
+    ConfigError,
+    VfRlConfig,
+    load_config,
+    parse_at_args,
+    resolved_trainer_args,
+    server_address,
+)
 
 EXIT_BAD_INPUT = 2
 
@@ -106,8 +114,8 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
     first_train = 0 if config.inference.shared else n_inf
     inf_gpus, train_gpus = gpus[:n_inf], gpus[first_train:first_train + n_train]
-    targs = config.trainer.args
     resolved = resolved_trainer_args(config)
+    host, port = server_address(config)
     iargs = dict(config.inference.args)
     if config.inference.shared:  # leave the trainer most of the memory
         iargs.setdefault("gpu_memory_utilization", SHARED_GPU_MEMORY_UTILIZATION)
@@ -119,12 +127,9 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
         iargs.setdefault("max_loras", 1)
         lora_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     secret_env = {}
-    host = str(iargs.get("host", targs.get("vllm_server_host", "127.0.0.1")))
     if host not in LOOPBACK:  # reachable beyond this machine: weight updates need the shared secret
         secret_env["VF_RL_WEIGHT_SECRET"] = os.environ.get("VF_RL_WEIGHT_SECRET") or secrets.token_hex(16)
-    iargs.setdefault("port", targs.get("vllm_server_port", 8000))
-    if "host" not in iargs and "vllm_server_host" in targs:
-        iargs["host"] = targs["vllm_server_host"]
+    iargs["port"], iargs["host"] = port, host
     if n_inf > 1:
         iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
@@ -189,9 +194,8 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
                                                                           config_path=config_path))
     if resume:
         trainer.argv.append("--resume")
-    host = str(config.inference.args.get("host", config.trainer.args.get("vllm_server_host", "127.0.0.1")))
-    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1",
-                    int(config.trainer.args.get("vllm_server_port", 8000)))
+    host, port = server_address(config)
+    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
     logs = (config.output_dir / "logs").resolve()
     logs.mkdir(parents=True, exist_ok=True)
     exit_file = logs / "trainer.exit"

@@ -13,7 +13,8 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from .schema import WEIGHT_SYNC_CHOICES
+from .fields import rl_fields
+from .rules import check_trainer_args, check_types, derive_defaults
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -23,8 +24,9 @@ class RLConfig(TrainingArguments):
     """Arguments of :class:`vf_rl.RLTrainer`.
 
     Units: lengths in tokens, timeouts in seconds, ``batch_size`` and ``micro_batch_size``
-    in rollouts (samples). Raises ``ValueError`` from ``__post_init__`` on inconsistent
-    batch settings.
+    in rollouts (samples). ``__post_init__`` checks types and the rules between keys with the
+    same code as the TOML path (``config/rules.py``) and raises ``ConfigError`` (a
+    ``ValueError``) naming the key.
     """
 
     # LoRA
@@ -43,9 +45,14 @@ class RLConfig(TrainingArguments):
     max_seq_len: int = field(default=2048, metadata={"help": "Longest training sequence (prompt + completion), tokens."})
     max_prompt_len: int = field(default=512, metadata={"help": "Prompts longer than this (tokens) are filtered out."})
     max_concurrent: int = field(default=1024, metadata={"help": "Most rollouts in flight at once."})
-    # Loss
-    mask_ratio_low: float = field(default=0.125, metadata={"help": "Drop tokens whose importance ratio is below this."})
-    mask_ratio_high: float = field(default=8.0, metadata={"help": "Drop tokens whose importance ratio is above this."})
+    # Algorithm (trainer/loss.py, trainer/advantage.py)
+    loss_type: str = field(default="cispo", metadata={"help": "Policy loss: \"cispo\" (CISPO with importance-ratio masking) or \"dapo\" (PPO/GRPO clipped surrogate with DAPO's clip-higher), or \"module:function\" for your own (see examples/custom_loss.py)."})
+    advantage_type: str = field(default="group_mean", metadata={"help": "Advantage: \"group_mean\" (reward minus its group's mean) or \"group_mean_std\" (also divided by the group's std, GRPO), or \"module:function\"."})
+    epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\": ratios below 1 - epsilon_low are clipped."})
+    epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher)."})
+    # Loss masks
+    mask_ratio_low: float = field(default=0.125, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is below this."})
+    mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
     mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude completions cut off at max_tokens from the loss."})
     zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated completions reward 0."})
@@ -62,7 +69,8 @@ class RLConfig(TrainingArguments):
     vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "Host of the vf-vllm server."})
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vf-vllm server."})
     vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
-    generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch."})
+    generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch; rollouts not finished by then count as errors."})
+    request_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for one request to the inference server (a chat completion)."})
     # Weight sync
     weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"lora\" (adapter only, hot-loaded) or \"auto\" (nccl when the trainer and vLLM are on different GPUs of this machine, else filesystem)."})
     weight_sync_port: int = field(default=0, metadata={"help": "TCP port for forming the NCCL weight-sync group (0: a free port)."})
@@ -91,50 +99,36 @@ class RLConfig(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: batches are built by the orchestrator."})
 
     def __post_init__(self):
+        import dataclasses
         import importlib.util
+        import os
 
         import torch
 
         if self.deepspeed and importlib.util.find_spec("deepspeed") is None:
             raise ValueError("deepspeed: a DeepSpeed config needs the deepspeed package (pip install 'vf-rl[deepspeed]')")
-
         if self.wandb:
             unknown = set(self.wandb) - {"project", "name", "entity", "tags", "group"}
             if unknown:
                 raise ValueError(f"wandb: unknown keys {sorted(unknown)} (expected project, name, entity, tags, group)")
-            import os
-
             for key in ("project", "entity", "name"):
                 if self.wandb.get(key):
                     os.environ.setdefault(f"WANDB_{key.upper()}", str(self.wandb[key]))
-        if self.output_dir is None:
-            self.output_dir = f"outputs/{self.run_name or 'vf-rl'}"
-        if self.eval_on_start is None:
-            self.eval_on_start = str(self.eval_strategy) not in ("no", "IntervalStrategy.NO")
-        if self.eval_rollouts_per_example is None:
-            self.eval_rollouts_per_example = self.rollouts_per_example
-        if self.bf16 is None:
-            self.bf16 = torch.cuda.is_available()
-        if self.max_tokens is None:
-            self.max_tokens = self.max_seq_len
+        own = {name: getattr(self, name) for name in rl_fields()}
+        check_types({k: v for k, v in own.items() if k not in ("lora_config", "wandb")}, rl_fields())
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        has_gpu = torch.cuda.is_available() and not self.use_cpu
+        check_trainer_args(given, 1, has_gpu)  # before TrainingArguments' own checks, so the messages agree
+        for key, value in derive_defaults(given, has_gpu).items():
+            if key in own:
+                setattr(self, key, value)
         if self.lora_target_modules is None:
             self.lora_target_modules = list(DEFAULT_LORA_TARGETS)
         self.gradient_accumulation_steps = 1
         self.per_device_train_batch_size = self.micro_batch_size
         super().__post_init__()
-        if self.rollouts_per_example < 2:
-            raise ValueError(f"rollouts_per_example must be >= 2 (group advantages), got {self.rollouts_per_example}")
-        if self.batch_size % self.rollouts_per_example:
-            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by rollouts_per_example ({self.rollouts_per_example})")
-        if self.batch_size % (self.micro_batch_size * self.world_size):
-            raise ValueError(f"batch_size ({self.batch_size}) must be divisible by micro_batch_size * processes "
-                             f"({self.micro_batch_size} * {self.world_size})")
-        if self.weight_sync not in WEIGHT_SYNC_CHOICES:
-            raise ValueError(f"weight_sync must be one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {self.weight_sync!r}")
-        if self.weight_sync == "lora" and not self.use_lora:
-            raise ValueError("weight_sync = 'lora' needs use_lora = true")
-        if self.max_tokens > self.max_seq_len:
-            raise ValueError(f"max_tokens ({self.max_tokens}) must not exceed max_seq_len ({self.max_seq_len})")
+        if self.world_size > 1:  # known only now
+            check_trainer_args(given, self.world_size, has_gpu)
 
     def sampling_args(self) -> dict:
         """OpenAI chat-completion arguments for rollouts (vLLM extras under ``extra_body``)."""

@@ -8,26 +8,19 @@
 
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
-from .fields import MISSING, annotation_type, scheduler_types, trainer_fields
+from .fields import MISSING, rl_fields, trainer_fields
+from .rules import ConfigError, check_trainer_args, check_types, derive_defaults, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "lora")
-
-
-class ConfigError(Exception):
-    """A bad config: the message is one line naming the file and key."""
 
 
 class _Section(BaseModel):
@@ -66,21 +59,13 @@ class VfRlConfig(_Section):
         return str(Path(value).expanduser()) if value.startswith("~") else value
 
     @property
-    def run_name(self) -> str:
-        return str(self.trainer.args.get("run_name") or "vf-rl")
-
-    @property
     def output_dir(self) -> Path:
-        return Path(self.trainer.args.get("output_dir") or f"outputs/{self.run_name}")
+        """The trainer's resolved ``output_dir`` (default ``outputs/<run_name>``)."""
+        return Path(resolved_trainer_args(self)["output_dir"])
 
 
 def _location(loc: tuple) -> str:
     return ".".join(str(part) for part in loc)
-
-
-def _suggest(key: str, valid) -> str:
-    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 def _section_keys(loc: tuple) -> list[str]:
@@ -98,85 +83,42 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 def resolved_trainer_args(config: "VfRlConfig") -> dict[str, Any]:
     """RLConfig's own keys with their defaults, overridden by ``[trainer.args]``, with the
-    derived defaults filled in (``output_dir``, ``max_tokens``, ``bf16``)."""
-    args = {name: spec.default for name, spec in trainer_fields().items()
-            if spec.owner == "RLConfig" and spec.default is not MISSING}
+    derived defaults filled in (``rules.derive_defaults``): the values the trainer will use."""
+    args = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
     args.update(config.trainer.args)
-    args["output_dir"] = str(config.output_dir)
-    if args.get("max_tokens") is None:
-        args["max_tokens"] = args["max_seq_len"]
-    if args.get("bf16") is None:
-        args["bf16"] = config.trainer.gpus > 0
-    return args
+    return derive_defaults(args, has_gpu=config.trainer.gpus > 0)
+
+
+def server_address(config: "VfRlConfig") -> tuple[str, int]:
+    """``(host, port)`` where vf-vllm listens: ``inference.args.host`` if set, else the
+    trainer's resolved ``vllm_server_host``; the resolved ``vllm_server_port``."""
+    resolved = resolved_trainer_args(config)
+    return str(config.inference.args.get("host", resolved["vllm_server_host"])), int(resolved["vllm_server_port"])
 
 
 def validate_trainer_args(config: "VfRlConfig") -> None:
-    """Check ``[trainer.args]``: known keys, value types, and the rules between keys.
+    """Check ``[trainer.args]``: known keys and value types, the rules between keys
+    (``rules.check_trainer_args``, shared with ``RLConfig``), and the rules that need the GPU
+    layout of the file.
 
     Raises:
         ConfigError: naming the key and what was expected (without the file name).
     """
-    fields = trainer_fields()
-    for key, value in config.trainer.args.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key 'trainer.args.{key}'{_suggest(key, fields)}")
-        spec = fields[key]
-        try:
-            TypeAdapter(annotation_type(spec.annotation), config=ConfigDict(strict=True)).validate_python(value)
-        except ValidationError:
-            raise ConfigError(f"trainer.args.{key}: expected {spec.annotation}, got {value!r}") from None
-    a = resolved_trainer_args(config)
-    world = max(config.trainer.gpus, 1)
-    for key in ("batch_size", "micro_batch_size", "rollouts_per_example", "max_seq_len", "max_tokens",
-                "max_prompt_len", "max_steps", "max_concurrent"):
-        if a[key] <= 0:
-            raise ConfigError(f"trainer.args.{key}: must be positive, got {a[key]}")
-    if a["rollouts_per_example"] < 2:
-        raise ConfigError(f"trainer.args.rollouts_per_example: must be at least 2 (advantages compare rollouts "
-                          f"of one prompt), got {a['rollouts_per_example']}")
-    if a["batch_size"] % a["rollouts_per_example"]:
-        raise ConfigError(f"trainer.args.batch_size ({a['batch_size']}) must be divisible by rollouts_per_example "
-                          f"({a['rollouts_per_example']})")
-    if a["batch_size"] % (a["micro_batch_size"] * world):
-        raise ConfigError(f"trainer.args.batch_size ({a['batch_size']}) must be divisible by micro_batch_size * "
-                          f"trainer.gpus ({a['micro_batch_size']} * {world} = {a['micro_batch_size'] * world})")
-    if a["max_tokens"] > a["max_seq_len"] or ("max_tokens" in config.trainer.args and a["max_tokens"] >= a["max_seq_len"]):
-        raise ConfigError(f"trainer.args.max_tokens ({a['max_tokens']}) must be below max_seq_len "
-                          f"({a['max_seq_len']}): the prompt needs room too")
-    if "max_prompt_len" in config.trainer.args and a["max_prompt_len"] >= a["max_seq_len"]:
-        raise ConfigError(f"trainer.args.max_prompt_len ({a['max_prompt_len']}) must be below max_seq_len "
-                          f"({a['max_seq_len']})")
-    if a["learning_rate"] < 0:
-        raise ConfigError(f"trainer.args.learning_rate: must not be negative, got {a['learning_rate']}")
-    if a["temperature"] <= 0:
-        raise ConfigError(f"trainer.args.temperature: must be positive, got {a['temperature']}")
-    if not 0 < a["mask_ratio_low"] <= 1 <= a["mask_ratio_high"]:
-        raise ConfigError("trainer.args.mask_ratio_low/high: need 0 < mask_ratio_low <= 1 <= mask_ratio_high")
-    schedulers = scheduler_types()
-    if a["lr_scheduler_type"] not in schedulers:
-        raise ConfigError(f"trainer.args.lr_scheduler_type: unknown scheduler {a['lr_scheduler_type']!r}"
-                          f"{_suggest(a['lr_scheduler_type'], schedulers)}; one of: {', '.join(schedulers)}")
-    if config.trainer.gpus == 0 and a.get("bf16"):
-        raise ConfigError("trainer.args.bf16 = true needs a GPU, but trainer.gpus = 0 (CPU training is float32)")
-    validate_weight_sync(config, a)
-    port = config.inference.args.get("port")
-    if port is not None and port != a["vllm_server_port"]:
-        raise ConfigError(f"inference.args.port ({port}) differs from trainer.args.vllm_server_port "
-                          f"({a['vllm_server_port']}); set only trainer.args.vllm_server_port")
-    if not 0 < int(a["vllm_server_port"]) < 65536:
-        raise ConfigError(f"trainer.args.vllm_server_port: not a port number: {a['vllm_server_port']}")
+    check_types(config.trainer.args, trainer_fields(), prefix="trainer.args.")
+    args = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
+    args.update(config.trainer.args)
+    check_trainer_args(args, world_size=max(config.trainer.gpus, 1), has_gpu=config.trainer.gpus > 0,
+                       prefix="trainer.args.")
+    validate_layout(config, resolved_trainer_args(config))
 
 
-def validate_weight_sync(config: "VfRlConfig", a: dict[str, Any]) -> None:
-    """``weight_sync`` against the GPU layout; ``[inference] shared``.
+def validate_layout(config: "VfRlConfig", a: dict[str, Any]) -> None:
+    """``weight_sync``, ``[inference] shared`` and the server port against the GPU layout.
 
     Raises:
         ConfigError: naming the key.
     """
-    kind = a["weight_sync"]
-    if kind not in WEIGHT_SYNC_CHOICES:
-        raise ConfigError(f"trainer.args.weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {kind!r}")
-    shared = config.inference.shared
+    kind, shared = a["weight_sync"], config.inference.shared
     if shared and (config.inference.gpus == 0 or config.trainer.gpus == 0):
         raise ConfigError("inference.shared = true needs inference.gpus >= 1 and trainer.gpus >= 1 "
                           f"(got {config.inference.gpus} and {config.trainer.gpus})")
@@ -186,15 +128,10 @@ def validate_weight_sync(config: "VfRlConfig", a: dict[str, Any]) -> None:
     if kind == "nccl" and shared:
         raise ConfigError("trainer.args.weight_sync = 'nccl' cannot work with inference.shared = true (NCCL cannot "
                           "connect two ranks on one GPU); use 'filesystem' or 'lora'")
-    if kind == "lora" and not a["use_lora"]:
-        raise ConfigError("trainer.args.weight_sync = 'lora' needs trainer.args.use_lora = true")
-    if kind == "lora" and a.get("lora_modules_to_save"):
-        raise ConfigError("trainer.args.weight_sync = 'lora' cannot send lora_modules_to_save (vLLM serves adapters "
-                          "only); use 'filesystem' or 'nccl'")
-    if a["weight_sync_bucket_mb"] <= 0:
-        raise ConfigError(f"trainer.args.weight_sync_bucket_mb: must be positive, got {a['weight_sync_bucket_mb']}")
-    if not 0 <= a["weight_sync_port"] < 65536:
-        raise ConfigError(f"trainer.args.weight_sync_port: not a port number: {a['weight_sync_port']}")
+    port = config.inference.args.get("port")
+    if port is not None and port != a["vllm_server_port"]:
+        raise ConfigError(f"inference.args.port ({port}) differs from trainer.args.vllm_server_port "
+                          f"({a['vllm_server_port']}); set only trainer.args.vllm_server_port")
 
 
 def validate_inference_args(config: "VfRlConfig") -> None:
@@ -250,7 +187,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
         if err["type"] == "missing":
             raise ConfigError(f"{path}: required key '{key}' is missing") from None
         if err["type"] == "extra_forbidden":
-            raise ConfigError(f"{path}: unknown key '{key}'{_suggest(str(err['loc'][-1]), _section_keys(err['loc']))}") from None
+            raise ConfigError(f"{path}: unknown key '{key}'{suggest(str(err['loc'][-1]), _section_keys(err['loc']))}") from None
         raise ConfigError(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})") from None
     model_path = Path(config.model)
     looks_local = config.model.startswith((".", "/", "~")) or config.model.count("/") != 1

@@ -152,20 +152,27 @@ class Environment:
         return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.finish_reason == "length"
 
     async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
-                          semaphore: asyncio.Semaphore, timeout: float | None = None, on_done=None) -> Rollout:
-        """Rollout then score; any exception or timeout becomes ``rollout.error`` with reward 0."""
+                          semaphore: asyncio.Semaphore, deadline: float | None = None, on_done=None) -> Rollout:
+        """Rollout then score; any exception, or running past ``deadline`` (the event loop's
+        clock, ``loop.time()``), becomes ``rollout.error`` with reward 0."""
         async with semaphore:
             try:
-                await asyncio.wait_for(self.rollout(client, model, rollout, sampling_args), timeout)
-                rollout.reward, rollout.metrics = await self.rubric.score(
-                    prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
-                    state=rollout.state, info=rollout.info, task=rollout.task)
+                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
+                await asyncio.wait_for(self._rollout_and_score(client, model, rollout, sampling_args), left)
             except Exception as exc:  # kept as an error so that training goes on
+                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+                    exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
                 rollout.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 rollout.reward = 0.0
         if on_done is not None:
             on_done(rollout)
         return rollout
+
+    async def _rollout_and_score(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
+        await self.rollout(client, model, rollout, sampling_args)
+        rollout.reward, rollout.metrics = await self.rubric.score(
+            prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
+            state=rollout.state, info=rollout.info, task=rollout.task)
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
                        sampling_args: dict, max_concurrent: int = 1024,
@@ -176,7 +183,8 @@ class Environment:
             rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``task``).
             sampling_args: OpenAI chat-completion arguments (``max_tokens``, ``temperature``,
                 ``top_p``, ``extra_body``...), merged over the environment's defaults.
-            timeout: seconds allowed per rollout (``None``: unlimited).
+            timeout: seconds allowed for the whole call (``None``: unlimited); rollouts not
+                finished by then are errors.
             on_done: called with each rollout as it finishes (progress display).
         Returns:
             ``len(rows) * rollouts_per_example`` rollouts, grouped: rollouts of row ``i``
@@ -184,13 +192,14 @@ class Environment:
         """
         args = {**self.sampling_args, **sampling_args}
         semaphore = asyncio.Semaphore(max_concurrent)
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         rollouts = [
             Rollout(example_id=i, prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer"),
                     info=dict(row.get("info") or {}), task=row.get("task"))
             for i, row in enumerate(rows) for _ in range(rollouts_per_example)
         ]
         return list(await asyncio.gather(
-            *(self.run_rollout(client, model, r, args, semaphore, timeout, on_done) for r in rollouts)))
+            *(self.run_rollout(client, model, r, args, semaphore, deadline, on_done) for r in rollouts)))
 
 
 class SingleTurnEnv(Environment):

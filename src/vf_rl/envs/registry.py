@@ -8,8 +8,6 @@ import pkgutil
 import sys
 from pathlib import Path
 
-from .environment import Environment
-
 BUILTIN_PACKAGE = "vf_rl.environments"
 
 

@@ -9,7 +9,6 @@ import re
 import typing
 from typing import Any, Callable
 
-from .environment import Rollout
 from .multiturn import MultiTurnEnv
 from .parsers import Messages
 

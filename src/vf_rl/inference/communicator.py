@@ -3,7 +3,7 @@
 Built from torch's own c10d pieces without ``init_process_group``: a ``TCPStore`` hosted by
 the trainer and a standalone ``ProcessGroupNCCL`` (GPUs) or ``ProcessGroupGloo`` (CPU, used
 by the tests). vLLM's workers keep their own default process group untouched. The trainer
-picks a free port for the store unless one is configured (the original hard-coded one).
+picks a free port for the store unless one is configured.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ import torch
 import torch.distributed as dist
 
 STORE_PREFIX = "vf-rl-weights"
+
+
+def device_uuid(device: torch.device) -> str:
+    """The UUID of ``device`` if it is a GPU, else ``"cpu"``: the trainer and vLLM's workers
+    compare them to tell whether they share a GPU (NCCL cannot join two ranks on one GPU)."""
+    if device.type != "cuda":
+        return "cpu"
+    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

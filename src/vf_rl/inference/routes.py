@@ -2,7 +2,6 @@
 middleware (``vllm serve --middleware vf_rl.inference.routes.weight_sync_routes``).
 
 Routes (all JSON):
-    GET  /get_world_size      -> {"world_size": tensor_parallel * data_parallel}
     GET  /weight_sync_info    -> {"workers": int, "devices": [GPU UUID or "cpu", one per worker]}
     POST /update_weights      {"path": str} -> reload the weights in every worker
     POST /init_weight_broadcast   {"host", "port", "world_size", "backend", "timeout_s"}
@@ -26,7 +25,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 SECRET_HEADER = "X-VF-RL-Secret"
-ROUTES = {("GET", "/get_world_size"), ("GET", "/weight_sync_info"), ("POST", "/update_weights"),
+ROUTES = {("GET", "/weight_sync_info"), ("POST", "/update_weights"),
           ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/reset_prefix_cache")}
 
 
@@ -40,9 +39,6 @@ async def weight_sync_routes(request: Request, call_next):
     engine = request.app.state.engine_client
     path = request.url.path
     try:
-        if path == "/get_world_size":
-            parallel = engine.vllm_config.parallel_config
-            return JSONResponse({"world_size": parallel.tensor_parallel_size * parallel.data_parallel_size})
         if path == "/reset_prefix_cache":
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok"})

@@ -21,8 +21,8 @@ class WeightSyncExtension:
 
         Uses ``model_runner.reload_weights(is_checkpoint_format=True)``, which re-runs the
         model's weight processing (on the CPU, oneDNN prepacking of linear layers). Calling
-        ``model.load_weights`` directly corrupts a prepacked CPU model half-way (see
-        shared/notes/vllm-cpu.md), so it is never used here.
+        ``model.load_weights`` directly fails half-way on a prepacked CPU model and leaves it
+        half-updated, so it is never used here.
 
         Args:
             path: a ``.safetensors`` file or a directory of them, tensor names as
@@ -98,10 +98,7 @@ class WeightSyncExtension:
         return self._vf_reload(weights, start)
 
     def vf_device_uuid(self) -> str:
-        """The UUID of this worker's GPU ("cpu" without one), so the trainer can tell whether
-        it shares a GPU with the server (NCCL cannot connect two ranks on one GPU)."""
-        import torch
+        """This worker's GPU UUID, or "cpu" (``communicator.device_uuid``)."""
+        from .communicator import device_uuid
 
-        if self.device.type != "cuda":
-            return "cpu"
-        return str(torch.cuda.get_device_properties(self.device).uuid)
+        return device_uuid(self.device)

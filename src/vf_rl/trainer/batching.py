@@ -1,7 +1,7 @@
 """From scored rollouts to padded micro-batch tensors.
 
-Pure functions over lists and tensors: rollouts -> group advantages -> training samples ->
-per-process shard -> micro batches.
+Pure functions over lists and tensors: rollouts (with their advantages, ``advantage.py``) ->
+training samples -> per-process shard -> micro batches.
 """
 
 from __future__ import annotations
@@ -26,25 +26,6 @@ class Sample:
     loss_mask: list[int]
     sampling_logprobs: list[float]
     advantage: float
-
-
-def group_advantages(rewards: list[float], group_size: int) -> list[float]:
-    """Reward minus the mean reward of its group (no std normalisation, as in verifiers).
-
-    Args:
-        rewards: ``len = n * group_size``, grouped contiguously (rollouts of one prompt together).
-        group_size: rollouts per example (>= 1).
-    Raises:
-        ValueError: if ``len(rewards)`` is not a multiple of ``group_size``.
-    """
-    if group_size < 1 or len(rewards) % group_size:
-        raise ValueError(f"{len(rewards)} rewards cannot be split into groups of {group_size}")
-    advantages = []
-    for start in range(0, len(rewards), group_size):
-        group = rewards[start:start + group_size]
-        mean = sum(group) / len(group)
-        advantages.extend(r - mean for r in group)
-    return advantages
 
 
 def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_responses: bool = True) -> list[Sample]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-import time
-from concurrent.futures import TimeoutError as FutureTimeout
 
 from rich.console import Console
 from rich.table import Table
@@ -48,21 +46,11 @@ def sample_table(batch, step: int, rows: int = 3) -> None:
     _console.print(table)
 
 
-def wait_for_batch(orchestrator, step: int, show: bool):
-    """``orchestrator.get(step)``, showing generation progress while we wait for it."""
-    orchestrator.submit(step)
-    future = orchestrator.futures[step]
-    shown = False
-    deadline = time.monotonic() + orchestrator.generation_timeout + 60
-    while show and not future.done() and time.monotonic() < deadline:
-        try:
-            future.result(timeout=1.0)
-        except FutureTimeout:
-            done, total = orchestrator.progress(step)
-            print(f"\rGenerating batch {step + 1}: {done}/{total} rollouts", end="", flush=True)
-            shown = True
-        except Exception:
-            break
-    if shown:
-        print(flush=True)
-    return orchestrator.get(step)
+def progress_printer(step: int):
+    """An ``on_progress(finished, total)`` for ``Orchestrator.wait``: one updating line
+    ``Generating batch 4: 37/64 rollouts``, ended when the batch is complete."""
+
+    def show(done: int, total: int) -> None:
+        print(f"\rGenerating batch {step + 1}: {done}/{total} rollouts", end="\n" if done >= total else "", flush=True)
+
+    return show

@@ -1,75 +1,169 @@
-"""The policy-gradient loss: token-level CISPO with importance-ratio masking.
+"""The policy loss: a plain function from one micro batch's tensors to a scalar and statistics.
 
-The loss is pure tensors in, tensors out, so that it can be read, tested and swapped on its
-own; ``policy_logprobs`` is the one forward pass it needs.
+A loss is ``loss_fn(inputs: LossInputs, args: RLConfig) -> LossOutput``. Pick a built-in with
+``loss_type`` (``LOSSES``), name your own as ``loss_type = "module:function"``, or pass
+``RLTrainer(..., loss_fn=...)``; ``examples/custom_loss.py`` writes one in a few lines.
 
-For every completion token t with advantage A (the rollout's reward minus its group's mean):
+Statistics convention (``LossOutput.stats``): each value is a 0-d tensor. A key ending in
+``/max`` is a maximum (the trainer logs the largest over micro batches); every other key is a
+**sum over this micro batch's loss tokens**, which the trainer adds up over the step's micro
+batches and logs divided by the step's loss tokens, i.e. as a mean per trained token. Keys are
+logged as given (``importance_ratio``, ``clipped/high_fraction``...).
 
-    r_t   = exp(logp_trainer(t) - logp_sampling(t))          importance ratio
-    keep  = loss_mask_t and mask_ratio_low <= r_t <= mask_ratio_high
-    loss  = sum_t keep * (-r_t * A) / N                       N = loss tokens in the global batch
+Built-ins, for every completion token t with advantage A (see ``advantage.py``):
 
-The gradient of ``-r_t * A`` is ``-r_t * A * grad logp_trainer(t)``: the CISPO estimator
-(MiniMax-M1, arXiv:2506.13585: a stop-gradient importance weight times the log-prob
-gradient), with tokens whose ratio leaves ``[mask_ratio_low, mask_ratio_high]`` dropped
-instead of clipped, as verifiers' RLTrainer and prime-rl do. Normalising by the token count
-of the whole batch (not per sequence) is DAPO's token-level normalisation
-(arXiv:2503.14476).
+    r_t = exp(logp_trainer(t) - logp_sampling(t))            importance ratio
+
+``cispo`` (default): ``loss = sum_t keep_t * (-r_t * A) / N`` where r_t carries no gradient
+through the weight (``-r_t * A`` differentiates to ``-r_t * A * grad logp``: the CISPO estimator,
+MiniMax-M1, arXiv:2506.13585), and tokens whose ratio leaves ``[mask_ratio_low,
+mask_ratio_high]`` are dropped instead of clipped, as verifiers' RLTrainer and prime-rl do.
+
+``dapo``: the PPO/GRPO clipped surrogate ``-min(r_t * A, clip(r_t, 1 - epsilon_low, 1 +
+epsilon_high) * A)`` (Schulman et al. arXiv:1707.06347; GRPO, arXiv:2402.03300) with DAPO's
+asymmetric clip-higher (arXiv:2503.14476).
+
+Both divide by N, the number of loss tokens in the whole global batch (DAPO's token-level
+normalisation), so micro batches and processes add up to the mean over the batch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
 import torch
 
+from vf_rl.config.rules import resolve_function
 
-def cispo_loss(trainer_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor, advantages: torch.Tensor,
-               loss_mask: torch.Tensor, loss_normalizer: float, mask_ratio_low: float = 0.125,
-               mask_ratio_high: float = 8.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Token-level CISPO loss for one micro batch.
+if TYPE_CHECKING:
+    from vf_rl.config.rl_config import RLConfig
 
-    Args:
-        trainer_logprobs: ``[B, T]`` float, log-probs of the taken tokens under the policy
+
+@dataclass
+class LossInputs:
+    """One micro batch, on the training device. ``B`` rows, ``T`` positions (the completion
+    part of the rows: column ``t`` is the ``t``-th position from the first trained one).
+
+    Attributes:
+        trainer_logprobs: ``[B, T]`` float32, log-probs of the taken tokens under the policy
             being trained (requires grad).
-        sampling_logprobs: ``[B, T]`` float, log-probs the inference server reported when it
-            sampled the tokens (any value where ``loss_mask`` is 0; NaN marks trained tokens
-            that were not sampled, e.g. environment replies, whose ratio is then 1).
-        advantages: ``[B, T]`` or ``[B]`` float, the rollout advantage (broadcast over T).
-        loss_mask: ``[B, T]`` bool/int, 1 on completion tokens that are trained on.
-        loss_normalizer: number of loss tokens this process accounts for (global count /
-            world size), so that summing micro batches and averaging over processes gives
-            the mean over the global batch. Must be > 0.
-        mask_ratio_low, mask_ratio_high: tokens with a ratio outside this range are dropped.
-
-    Returns:
-        ``(loss, stats)``: the scalar loss (this micro batch's share), and detached sums over
-        loss tokens for logging: ``tokens``, ``importance_ratio_sum``, ``mismatch_kl_sum``
-        (``r - log r - 1``, the k3 estimator of KL(sampler || trainer)), ``masked_low``,
-        ``masked_high``.
+        sampling_logprobs: ``[B, T]`` float32, what the inference server reported when it
+            sampled them (NaN on trained tokens it did not sample, e.g. environment replies
+            with ``mask_env_responses = false``; any value off the loss mask).
+        advantages: ``[B]`` float32, each row's rollout advantage.
+        loss_mask: ``[B, T]`` bool, the tokens trained on.
+        entropy: ``[B, T]`` float32, the policy's entropy at each position (nats, no grad).
+        loss_normalizer: loss tokens of the global batch / trainer processes (> 0), so that
+            summing micro batches and averaging processes gives the batch mean.
     """
-    if loss_normalizer <= 0:
-        raise ValueError(f"loss_normalizer must be > 0, got {loss_normalizer}")
-    mask = loss_mask.bool()
-    # no `if not_sampled.any()`: a Python branch on a GPU value would make the host wait
-    sampling_logprobs = torch.where(torch.isnan(sampling_logprobs), trainer_logprobs.detach(), sampling_logprobs)
-    if advantages.dim() == 1:
-        advantages = advantages[:, None].expand_as(trainer_logprobs)
-    log_ratio = (trainer_logprobs - sampling_logprobs).masked_fill(~mask, 0.0)
-    ratio = torch.exp(log_ratio)
-    low, high = ratio < mask_ratio_low, ratio > mask_ratio_high
-    keep = mask & ~low & ~high
-    loss = (-ratio * advantages).masked_fill(~keep, 0.0).sum() / loss_normalizer
+
+    trainer_logprobs: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    loss_mask: torch.Tensor
+    entropy: torch.Tensor
+    loss_normalizer: float
+
+
+@dataclass
+class LossOutput:
+    """``loss``: 0-d tensor, this micro batch's share of the batch loss (backpropagated).
+    ``stats``: 0-d detached tensors under the convention in the module docstring."""
+
+    loss: torch.Tensor
+    stats: dict[str, torch.Tensor]
+
+
+LossFn = Callable[[LossInputs, "RLConfig"], LossOutput]
+
+
+def log_importance_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``[B, T]`` ``log r_t = logp_trainer - logp_sampling``, 0 off the loss mask and where the
+    token was not sampled (ratio 1). Carries the gradient of ``trainer_logprobs``."""
+    sampling = torch.where(torch.isnan(inputs.sampling_logprobs), inputs.trainer_logprobs.detach(),
+                           inputs.sampling_logprobs)  # no `if .any()`: a branch on a GPU value syncs
+    return (inputs.trainer_logprobs - sampling).masked_fill(~inputs.loss_mask, 0.0)
+
+
+def policy_stats(inputs: LossInputs, log_ratio: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Statistics every loss should report (sums over loss tokens, see the convention):
+    ``importance_ratio``; ``mismatch_kl`` (``r - log r - 1``, the k3 estimator of
+    KL(sampler || trainer), Schulman 2020); ``entropy``; ``logprob_diff/mean`` and
+    ``logprob_diff/max`` (``|log r|``: kernel/sync mismatch plus the step between sampling and
+    training)."""
+    mask = inputs.loss_mask
     with torch.no_grad():
-        stats = {
-            "tokens": mask.sum().float(),
-            "importance_ratio_sum": ratio.masked_fill(~mask, 0.0).sum(),
-            "mismatch_kl_sum": (ratio - log_ratio - 1.0).masked_fill(~mask, 0.0).sum(),
-            "masked_low": (low & mask).sum().float(),
-            "masked_high": (high & mask).sum().float(),
+        log_ratio = log_ratio.detach()
+        ratio = torch.exp(log_ratio)
+        diff = log_ratio.abs()
+        return {
+            "importance_ratio": ratio.masked_fill(~mask, 0.0).sum(),
+            "mismatch_kl": (ratio - log_ratio - 1.0).masked_fill(~mask, 0.0).sum(),
+            "entropy": inputs.entropy.masked_fill(~mask, 0.0).sum(),
+            "logprob_diff/mean": diff.sum(),
+            "logprob_diff/max": diff.max() if diff.numel() else diff.new_zeros(()),
         }
-    return loss, stats
 
 
-def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def cispo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
+    """Token-level CISPO with importance-ratio masking (``args.mask_ratio_low``/``high``).
+
+    Raises:
+        ValueError: ``loss_normalizer`` is not positive.
+    Extra stats: ``masked/low_fraction``, ``masked/high_fraction``, ``tokens/masked_fraction``.
+    """
+    if inputs.loss_normalizer <= 0:
+        raise ValueError(f"loss_normalizer must be > 0, got {inputs.loss_normalizer}")
+    log_ratio = log_importance_ratio(inputs)
+    ratio = torch.exp(log_ratio)
+    mask = inputs.loss_mask
+    low, high = (ratio < args.mask_ratio_low) & mask, (ratio > args.mask_ratio_high) & mask
+    keep = mask & ~low & ~high
+    loss = (-ratio * inputs.advantages[:, None]).masked_fill(~keep, 0.0).sum() / inputs.loss_normalizer
+    stats = policy_stats(inputs, log_ratio)
+    stats |= {"masked/low_fraction": low.sum().float(), "masked/high_fraction": high.sum().float(),
+              "tokens/masked_fraction": (low | high).sum().float()}
+    return LossOutput(loss, stats)
+
+
+def dapo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
+    """Token-level clipped surrogate with clip-higher (``args.epsilon_low``/``epsilon_high``).
+
+    Raises:
+        ValueError: ``loss_normalizer`` is not positive.
+    Extra stats: ``clipped/low_fraction``, ``clipped/high_fraction`` (tokens whose gradient
+    the clip removed).
+    """
+    if inputs.loss_normalizer <= 0:
+        raise ValueError(f"loss_normalizer must be > 0, got {inputs.loss_normalizer}")
+    log_ratio = log_importance_ratio(inputs)
+    ratio, advantages = torch.exp(log_ratio), inputs.advantages[:, None]
+    clipped_ratio = ratio.clamp(1.0 - args.epsilon_low, 1.0 + args.epsilon_high)
+    per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
+    loss = per_token.masked_fill(~inputs.loss_mask, 0.0).sum() / inputs.loss_normalizer
+    mask = inputs.loss_mask
+    stats = policy_stats(inputs, log_ratio)
+    with torch.no_grad():
+        stats |= {"clipped/low_fraction": ((ratio < 1.0 - args.epsilon_low) & (advantages < 0) & mask).sum().float(),
+                  "clipped/high_fraction": ((ratio > 1.0 + args.epsilon_high) & (advantages > 0) & mask).sum().float()}
+    return LossOutput(loss, stats)
+
+
+LOSSES: dict[str, LossFn] = {"cispo": cispo_loss, "dapo": dapo_loss}
+
+
+def get_loss(name: str) -> LossFn:
+    """The loss called ``name``: a key of ``LOSSES`` or ``"module:function"``.
+
+    Raises:
+        ValueError: naming ``loss_type``, when the name or module cannot be found.
+    """
+    return resolve_function("loss_type", name, LOSSES)
+
+
+def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                       temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of ``token_ids`` under ``softmax(logits / temperature)``, and the entropy.
 
     Computed as ``logit(token) - logsumexp(logits)`` one row at a time, so that no full

@@ -5,8 +5,9 @@ One optimizer step ``n`` (``training_step``):
     2. push the current weights to the inference server (skipped if unchanged);
     3. submit batch ``n + 1``, which generates while we train;
     4. for each micro batch: forward, log-probs of the sampled tokens at the sampling
-       temperature, CISPO loss (``loss.py``), backward. ``Trainer`` then clips, steps and
-       schedules.
+       temperature, the loss (``loss.py``: ``loss_type`` or ``loss_fn``), backward.
+       ``Trainer`` then clips, steps and schedules;
+    5. record: metrics, ``batches.jsonl``, the sample table.
 Evaluation (``evaluate``) waits for the batch in flight, syncs the weights and rolls out the
 environment's eval split; it does not change which rows the training batches use.
 """
@@ -37,13 +38,15 @@ from vf_rl.config.rl_config import RLConfig
 from vf_rl.config.schema import LOOPBACK
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
+from vf_rl.inference.communicator import device_uuid
 from vf_rl.metrics import rollout_metrics
 
 from . import display
+from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, shard
-from .loss import cispo_loss, policy_logprobs
+from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
-from .weight_sync import LORA_NAME, device_uuid, make_weight_sync, resolve_weight_sync
+from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 
 
 def attention_implementation(args: RLConfig) -> str:
@@ -126,11 +129,16 @@ def _truncate_jsonl(path: Path, last_step: int) -> None:
 
 
 class _RunCallback(TrainerCallback):
-    """Always save the final step; write ``metrics.jsonl``, the console line and the plot."""
+    """Always save the final step; empty the device cache every ``torch_empty_cache_steps``;
+    write ``metrics.jsonl``, the console line and the plot."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             control.should_save = True
+        if args.torch_empty_cache_steps and state.global_step % args.torch_empty_cache_steps == 0:
+            from accelerate.utils import clear_device_cache
+
+            clear_device_cache()
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -168,6 +176,8 @@ class RLTrainer(Trainer):
         env: the environment whose training rows, eval rows and rubric are used.
         args: :class:`RLConfig`.
         processing_class: the tokenizer (loaded from ``model`` if omitted).
+        loss_fn: the policy loss (``loss.py``); default the one ``args.loss_type`` names.
+        advantage_fn: rewards to advantages (``advantage.py``); default ``args.advantage_type``'s.
 
     The inference server (vf-vllm) must serve the same base model at
     ``args.vllm_server_host:vllm_server_port``; ``train()`` waits for it up to
@@ -175,7 +185,8 @@ class RLTrainer(Trainer):
     """
 
     def __init__(self, model: str | PreTrainedModel, env: Environment, args: RLConfig,
-                 processing_class=None, **kwargs):
+                 processing_class=None, loss_fn: LossFn | None = None, advantage_fn: AdvantageFn | None = None,
+                 **kwargs):
         model_id = model if isinstance(model, str) else model.config._name_or_path
         if isinstance(model, str):
             model = load_model(model, args)
@@ -194,6 +205,8 @@ class RLTrainer(Trainer):
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
                          eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
         self.env = env
+        self.loss_fn = loss_fn or get_loss(args.loss_type)
+        self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         # the LM head runs only on completion positions (models without the argument: all positions)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
@@ -205,6 +218,7 @@ class RLTrainer(Trainer):
         self.weight_sync = None  # main process only: a transport from weight_sync.py
         self._synced_step = 0  # the server holds the weights of this optimizer step
         self._step_metrics: dict[str, float] = {}
+        self._timings: dict[str, float] = {}  # seconds per phase of the current step
         self._checkpoint_staging: Path | None = None
         self._last_eval: tuple[int, dict] = (-1, {})
         self._rows = self._prompt_rows(env.get_dataset(), tokenizer, shuffle=args.shuffle_dataset)
@@ -256,7 +270,7 @@ class RLTrainer(Trainer):
         """Main process: pick and open the weight-sync transport, start the orchestrator."""
         a = self.args
         info = self.inference.weight_sync_info()
-        kind = resolve_weight_sync(a.weight_sync, a.use_lora, device_uuid(a.device), info["devices"],
+        kind = resolve_weight_sync(a.weight_sync, device_uuid(a.device), info["devices"],
                                    server_is_local=a.vllm_server_host in LOOPBACK)
         self.weight_sync = make_weight_sync(kind, self.inference, Path(a.output_dir), a.device, a.weight_sync_port,
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
@@ -266,9 +280,12 @@ class RLTrainer(Trainer):
             model_name = LORA_NAME
         print(f"Weight sync: {kind}" + (" (auto)" if a.weight_sync == "auto" else ""), flush=True)
         self.orchestrator = Orchestrator(
-            self.env, self._rows, f"{self.inference.base_url}/v1", model_name, a.batch_size,
-            a.rollouts_per_example, a.sampling_args(), a.max_seq_len, a.max_concurrent, a.generation_timeout,
-            a.mask_truncated_completions, a.zero_truncated_completions, a.mask_env_responses)
+            self.env, self._rows, base_url=f"{self.inference.base_url}/v1", model_name=model_name,
+            batch_size=a.batch_size, rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(),
+            max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
+            generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
+            mask_truncated_completions=a.mask_truncated_completions,
+            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses)
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint
@@ -282,38 +299,57 @@ class RLTrainer(Trainer):
         print(f"Resuming from {path} (step {step})", flush=True)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """One optimizer step's forward/backward passes (``Trainer`` then steps the optimizer)."""
         step = self.state.global_step
-        main = self.is_world_process_zero()
-        start = time.perf_counter()
-        if main and step not in self.orchestrator.futures and self._synced_step != step:
-            self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
-        sync_s = time.perf_counter() - start
-        start = time.perf_counter()
-        batch = display.wait_for_batch(self.orchestrator, step, True) if main else None
-        wait_s = time.perf_counter() - start
-        start = time.perf_counter()
-        if self._synced_step != step:
-            self.sync_weights(step)
-        sync_s += time.perf_counter() - start
-        if main and step + 1 < self.args.max_steps:
-            self.orchestrator.submit(step + 1)
-        batch = self._share_batch(batch)
-        start = time.perf_counter()
-        loss, stats = self._train_on_batch(model, batch)
-        train_s = time.perf_counter() - start
-        if self.args.torch_empty_cache_steps and (step + 1) % self.args.torch_empty_cache_steps == 0:
-            from accelerate.utils import clear_device_cache
-
-            clear_device_cache()
-        self._step_metrics = {**batch.metrics, **stats, "timing/wait_s": wait_s, "timing/sync_s": sync_s,
-                              "timing/train_s": train_s,
-                              "throughput/train_tokens_per_s": stats["tokens/trained"] / max(train_s, 1e-9)}
-        if main:
-            _append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": step + 1, "rows": batch.row_ids})
-            if step % max(int(self.args.logging_steps), 1) == 0:
-                display.sample_table(batch, step + 1)
-                self._log_sample_table(batch)
+        self._timings = {}
+        batch = self._next_batch(step)
+        with self._timed("train_s"):
+            loss, stats = self._train_on_batch(model, batch)
+        self._record(batch, stats)
         return loss
+
+    def _next_batch(self, step: int) -> Batch:
+        """Batch ``step``, with the weights synced before batch ``step + 1`` starts generating.
+
+        Batch ``step`` was generated with the weights of step ``step - 1`` (or, right after a
+        resume, is generated now with the checkpoint's). Then the server gets the current weights
+        and batch ``step + 1`` is submitted, so it generates while this step trains. Every
+        process gets the main process's batch."""
+        batch = None
+        if self.is_world_process_zero():
+            if not self.orchestrator.submitted(step) and self._synced_step != step:
+                with self._timed("sync_s"):
+                    self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
+            with self._timed("wait_s"):
+                batch = self.orchestrator.wait(step, on_progress=display.progress_printer(step))
+        if self._synced_step != step:
+            with self._timed("sync_s"):
+                self.sync_weights(step)
+        if self.is_world_process_zero() and step + 1 < self.args.max_steps:
+            self.orchestrator.submit(step + 1)
+        return self._share_batch(batch)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str):
+        """Add the seconds the block takes to ``timing/<name>`` of this step's metrics."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._timings[name] = self._timings.get(name, 0.0) + time.perf_counter() - start
+
+    def _record(self, batch: Batch, stats: dict[str, float]) -> None:
+        """Everything a step leaves behind: the metrics logged with the loss, ``batches.jsonl``
+        (the dataset rows of each step, for exact resume checks), the sample table."""
+        timings = {"wait_s": 0.0, "sync_s": 0.0, **self._timings}
+        self._step_metrics = {**batch.metrics, **stats, **{f"timing/{k}": v for k, v in timings.items()},
+                              "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
+        if not self.is_world_process_zero():
+            return
+        _append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
+        if batch.step % max(int(self.args.logging_steps), 1) == 0:
+            display.sample_table(batch, batch.step + 1)
+            self._log_sample_table(batch)
 
     def _share_batch(self, batch: Batch | None) -> Batch:
         """Several processes: the main process's batch, sent to every other process (each
@@ -325,23 +361,27 @@ class RLTrainer(Trainer):
         return broadcast_object_list([batch], from_process=0)[0]
 
     def _train_on_batch(self, model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward, loss and backward over this process's micro batches of ``batch``.
+
+        Returns:
+            ``(loss, stats)``: the summed loss (detached, 0-d) and the step statistics: the
+            loss function's (see ``loss.py`` for the convention), ``tokens/loss`` and
+            ``tokens/trained`` (non-padding tokens forwarded).
+        """
         a = self.args
-        world, rank = a.world_size, a.process_index
         loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
-        normalizer = max(loss_tokens, 1) / world
-        mine = shard(batch.samples, world, rank, a.micro_batch_size)
-        # per-micro-batch sums stay on the device and are read once, after the last backward, so
-        # that the GPU never waits for the host between micro batches
-        sums: dict[str, torch.Tensor] = {}
-        diff_max = torch.zeros((), device=a.device)
-        total_loss = torch.zeros((), device=a.device)
-        model.train()
+        normalizer = max(loss_tokens, 1) / a.world_size
+        mine = shard(batch.samples, a.world_size, a.process_index, a.micro_batch_size)
         # everything the micro batches need from the host is read and copied before the first
         # forward, so no copy or host read waits for queued GPU work inside the loop
         on_host = micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id)
-        trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
         starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
+        my_loss_tokens = sum(int(mb["loss_mask"][:, start:].sum()) for mb, start in zip(on_host, starts))
+        trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
         on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
+        sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
+        total_loss = torch.zeros((), device=a.device)
+        model.train()
         for i, (mb, start) in enumerate(zip(on_device, starts)):
             # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
             # steps it) once per batch, after the last micro batch
@@ -350,32 +390,17 @@ class RLTrainer(Trainer):
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 with self.compute_loss_context_manager():
                     logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
-                    mask, sampling = mb["loss_mask"][:, start:], mb["sampling_logprobs"][:, start:]
-                    loss, stats = cispo_loss(logprobs, sampling, mb["advantages"], mask, normalizer,
-                                             a.mask_ratio_low, a.mask_ratio_high)
-                self.accelerator.backward(loss)
-            total_loss += loss.detach()
-            diff = (logprobs.detach() - sampling).abs()
-            diff = diff.masked_fill(~(mask & diff.isfinite()), 0.0)  # env-written tokens have no sampling log-prob
-            stats |= {"entropy_sum": entropy.masked_fill(~mask, 0.0).sum(), "logprob_diff_sum": diff.sum()}
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
-            if diff.numel():  # a micro batch of padding samples has no positions
-                diff_max = torch.maximum(diff_max, diff.max())
+                    out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
+                                                  mb["loss_mask"][:, start:], entropy, normalizer), a)
+                self.accelerator.backward(out.loss)
+            total_loss += out.loss.detach()
+            for k, v in out.stats.items():
+                v = v.detach().float()
+                sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
         totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
-        totals = {k: totals.get(k, 0.0) for k in ("tokens", "importance_ratio_sum", "mismatch_kl_sum", "masked_low",
-                                                 "masked_high", "entropy_sum", "logprob_diff_sum")}
-        totals["logprob_diff_max"] = float(diff_max)
-        n = max(totals["tokens"], 1.0)
-        return total_loss, {
-            "importance_ratio": totals["importance_ratio_sum"] / n, "mismatch_kl": totals["mismatch_kl_sum"] / n,
-            "entropy": totals["entropy_sum"] / n, "masked/low_fraction": totals["masked_low"] / n,
-            "masked/high_fraction": totals["masked_high"] / n,
-            "tokens/masked_fraction": (totals["masked_low"] + totals["masked_high"]) / n,
-            "tokens/loss": totals["tokens"], "tokens/trained": float(trained_tokens),
-            # |trainer - vLLM| log-prob of the sampled tokens: kernel/sync mismatch plus the one
-            # optimizer step between sampling and training (pure mismatch at step 1)
-            "logprob_diff/mean": totals["logprob_diff_sum"] / n, "logprob_diff/max": totals["logprob_diff_max"]}
+        n = max(my_loss_tokens, 1)
+        stats = {k: v if k.endswith("/max") else v / n for k, v in totals.items()}
+        return total_loss, {**stats, "tokens/loss": float(my_loss_tokens), "tokens/trained": float(trained_tokens)}
 
     # --- evaluation ---------------------------------------------------------------------------
 
@@ -446,9 +471,6 @@ class RLTrainer(Trainer):
             self._checkpoint_staging = None
         if self.args.should_save:
             written = staging / f"checkpoint-{step}"
-            (written / "orchestrator_state.json").write_text(json.dumps(
-                {"step": step, "next_batch_rows_start": step * self.orchestrator.prompts_per_batch,
-                 "num_rows": len(self._rows), "shuffle_seed": self.args.seed}))
             final = out / f"checkpoint-{step}"
             if final.exists():
                 shutil.rmtree(final)

@@ -17,10 +17,8 @@ Transports (``weight_sync`` in ``[trainer.args]``):
 ``auto`` (default)
     ``nccl`` when the trainer and every vLLM worker are on different GPUs of this machine,
     ``filesystem`` otherwise (CPU, a GPU shared with the server, a server on another host).
-    Measured per step on two H200s (benchmarks/RESULTS.md): SmolLM2-135M nccl 0.09-0.12 s, lora
-    0.11-0.13 s, filesystem 0.44-0.60 s; a 1.1B Llama nccl 0.06 s, lora 0.13 s, filesystem
-    4.8 s. ``lora`` is never picked by itself: vLLM serving the adapter unmerged made generation
-    2.5x slower on the 135M model.
+    ``lora`` is never picked by itself: serving an unmerged adapter slows generation (figures
+    for each transport in benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from vf_rl.config.schema import WEIGHT_SYNC_CHOICES as CHOICES
+from vf_rl.config.rules import WEIGHT_SYNC_CHOICES as CHOICES
 from vf_rl.inference.buckets import pack_bucket, plan_buckets
 from vf_rl.inference.client import InferenceClient
 
@@ -41,13 +39,13 @@ from .weights import export_weights, merged_state_dict
 LORA_NAME = "vf-rl-lora"
 
 
-def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, server_devices: list[str],
+def resolve_weight_sync(requested: str, trainer_device: str, server_devices: list[str],
                         server_is_local: bool = True) -> str:
-    """The transport to use.
+    """The transport to use, given where the trainer and the server's workers actually run
+    (``config/rules.py`` has already checked the rules that need no devices).
 
     Args:
         requested: one of ``CHOICES``.
-        use_lora: the trainer trains a LoRA adapter.
         trainer_device: the trainer's GPU UUID, or ``"cpu"``.
         server_devices: one GPU UUID (or ``"cpu"``) per vLLM worker.
         server_is_local: the server listens on this machine's loopback address (the NCCL group
@@ -66,16 +64,7 @@ def resolve_weight_sync(requested: str, use_lora: bool, trainer_device: str, ser
     if requested == "nccl" and shared:
         raise ValueError("weight_sync = 'nccl' cannot connect two ranks on one GPU, and the trainer shares a GPU with "
                          "the vLLM server; use 'filesystem' or 'lora'")
-    if requested == "lora" and not use_lora:
-        raise ValueError("weight_sync = 'lora' needs use_lora = true")
     return requested
-
-
-def device_uuid(device: torch.device) -> str:
-    """The UUID of ``device`` if it is a GPU, else ``"cpu"``."""
-    if device.type != "cuda":
-        return "cpu"
-    return str(torch.cuda.get_device_properties(device).uuid)
 
 
 class FilesystemSync:

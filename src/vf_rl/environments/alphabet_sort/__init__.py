@@ -36,7 +36,6 @@ from datasets import Dataset, load_dataset
 from vf_rl.envs import MultiTurnEnv, Rubric
 from vf_rl.envs.hub import check_source, hub_or_offline
 
-
 FIRST_TAG = "alphabetical_sorted"
 COMBINED_TAG = "combined_alphabetical_sorted"
 NEW_MARK = "// new name!"

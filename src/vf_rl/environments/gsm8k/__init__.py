@@ -27,7 +27,6 @@ from vf_rl.envs import BoxedParser, MathRubric, SingleTurnEnv
 from vf_rl.envs.hub import check_source, hub_or_offline
 from vf_rl.envs.parsers import extract_boxed_answer, last_assistant_text
 
-
 DATA_DIR = Path(__file__).parent / "data"
 HUB_DATASET = "openai/gsm8k"
 SPLITS = ("train", "test")
