@@ -30,7 +30,8 @@ for line in requires("verifiers") or []:
     keep.append(line)
 open(sys.argv[1], "w").write("\n".join(keep) + "\n")
 PYEOF
-pip install -q -r "$reqs"
+# pip then says "verifiers 0.3.1 requires mcp<2 ... incompatible": expected, see above.
+pip install -q -r "$reqs" 2>&1 | { grep -v "dependency resolver does not currently take into account\|requires mcp<2" || true; }
 # verifiers' console scripts include vf-eval: reinstall vf-rl's entry points over it.
 if ! grep -q vf_rl "$(dirname "$PY")/vf-eval" 2>/dev/null; then
   pip install -q --no-deps --force-reinstall -e .
