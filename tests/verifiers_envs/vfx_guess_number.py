@@ -16,9 +16,9 @@ class GuessEnv(vf.MultiTurnEnv):
         state["guesses"] = state.get("guesses", 0) + 1
         target = int(state["answer"])
         if guess is None or not guess.strip().isdigit():
-            return [{"role": "user", "content": f"Answer with a number from {state['info']['low']} to "
-                                                f"{state['info']['high']} inside <guess>...</guess>."}]
-        return [{"role": "user", "content": "higher" if int(guess) < target else "lower"}]
+            return [vf.UserMessage(content=f"Answer with a number from {state['info']['low']} to "
+                                           f"{state['info']['high']} inside <guess>...</guess>.")]
+        return [vf.UserMessage(content="higher" if int(guess) < target else "lower")]
 
     @vf.stop
     async def guessed(self, state: vf.State) -> bool:
