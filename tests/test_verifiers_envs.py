@@ -3,6 +3,7 @@ id and trained unchanged through its own `run_group`: rows, token ids and sampli
 rewards per reward function, errors, and the built-in twin agreeing on rewards.
 
 The environment modules in tests/verifiers_envs/ use only `import verifiers as vf` and `datasets`.
+The package is required, not skipped: scripts/setup.sh installs it (scripts/install_verifiers.sh).
 """
 
 from __future__ import annotations
@@ -19,17 +20,14 @@ from conftest import assert_rollouts_well_formed, free_port, write_cpu_config
 
 from vf_rl.envs import load_environment
 from vf_rl.envs.registry import find_environment
-from vf_rl.trainer.batching import rollout_to_samples
-
-verifiers = pytest.importorskip("verifiers", reason="the verifiers extra is not installed")
-
-from vf_rl.envs.verifiers_adapter import (  # noqa: E402
+from vf_rl.envs.verifiers_adapter import (
     VerifiersEnvironment,
     VerifiersError,
     check_console_scripts,
     check_supported,
     verifiers_api,
 )
+from vf_rl.trainer.batching import rollout_to_samples
 
 ENVS = Path(__file__).resolve().parent / "verifiers_envs"
 
@@ -125,13 +123,23 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
 
     from vf_rl.environments.reverse_text import load_environment as builtin_reverse_text
 
-    client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+    def generate(env, rows, r, sampling):
+        """env.generate on a client of its own event loop (an AsyncOpenAI's connections belong to
+        the loop that opened them)."""
+        async def run():
+            client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+            try:
+                return await env.generate(client, server.model, rows, r, sampling)
+            finally:
+                await client.close()
+        return asyncio.run(run())
+
     sampling = {"max_tokens": 24, "temperature": 1.0}
 
     # single-turn: token ids and log-probs per turn; our built-in twin gives the same reward
     env = load_environment("vfx-reverse-text")
     rows = [env.get_dataset()[i] for i in range(2)]
-    rollouts = asyncio.run(env.generate(client, server.model, rows, 4, sampling))
+    rollouts = generate(env, rows, 4, sampling)
     assert len(rollouts) == 8 and [r.example_id for r in rollouts] == [0] * 4 + [1] * 4
     assert_rollouts_well_formed(rollouts, max_turns=1)
     twin = builtin_reverse_text(source="offline", few_shot=2)
@@ -150,7 +158,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     # a reward function that raises: counted as the rollout's error, the others go on
     raising = load_environment("vfx-reverse-text", raise_in_reward=True)
     rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
-    rollouts = asyncio.run(raising.generate(client, server.model, rows, 2, sampling))
+    rollouts = generate(raising, rows, 2, sampling)
     assert all("reward function lcs_reward_func raised RuntimeError: odd-length text" in (r.error or "")
                for r in rollouts[:2]), [(r.error, r.reward, r.metrics) for r in rollouts]
     assert all(r.reward == 0.0 for r in rollouts[:2])
@@ -159,7 +167,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     # multi-turn: a @vf.stop condition, per-example info; turns extend one another
     guess = load_environment("vfx-guess-number", num_examples=2, max_turns=3)
     rows = [guess.get_dataset()[i] for i in range(2)]
-    rollouts = asyncio.run(guess.generate(client, server.model, rows, 4, sampling))
+    rollouts = generate(guess, rows, 4, sampling)
     assert_rollouts_well_formed(rollouts, max_turns=3, max_reward=1.2)
     assert all(set(r.metrics) == {"solved", "in_range", "num_turns"} for r in rollouts)
     assert any(len(r.turns) > 1 for r in rollouts), "no rollout went past the first turn"
@@ -170,10 +178,9 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     # tools: the environment's own tool loop and its tool-call metrics
     calc = load_environment("vfx-calculator")
     rows = [calc.get_dataset()[i] for i in range(2)]
-    rollouts = asyncio.run(calc.generate(client, server.model, rows, 2, {"max_tokens": 48, "temperature": 1.0}))
+    rollouts = generate(calc, rows, 2, {"max_tokens": 48, "temperature": 1.0})
     assert_rollouts_well_formed(rollouts, max_turns=3)
     assert all({"correct", "total_tool_calls", "add_calls"} <= set(r.metrics) for r in rollouts)
-    asyncio.run(client.close())
 
 
 @pytest.mark.server
@@ -189,21 +196,26 @@ def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path):
 
 
 @pytest.mark.server
-def test_verifiers_multiturn_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path,
-                                                  restore_base_weights):
+@pytest.mark.parametrize("env_id,env_args,metrics", [
+    ("you/vfx-guess-number", {"num_examples": 8, "max_turns": 2}, {"reward/solved", "reward/in_range"}),
+    ("vfx_calculator", {"max_turns": 2}, {"reward/correct", "reward/total_tool_calls", "reward/add_calls"}),
+], ids=["multi-turn", "tools"])
+def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights,
+                                        env_id, env_args, metrics):
+    """`vf-train @ cfg`: two steps on a multi-turn and a tool environment of the real package; the
+    environment's own reward functions are logged, and vLLM's sampling log-probs reach the loss
+    (an importance ratio near 1 on the first steps; zeros or misaligned log-probs would not be)."""
+    from test_algorithm import run_vf_train
+
     out = tmp_path / "run"
-    config = write_cpu_config(tmp_path / "guess.toml", model_dir, out, server.port, env_id="you/vfx-guess-number",
-                              env_args={"num_examples": 8, "max_turns": 2}, run_name="vf-guess",
-                              micro_batch_size=8, rollouts_per_example=4, batch_size=8, max_steps=2,
-                              max_tokens=16, save_steps=50)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, server.port, env_id=env_id,
+                              env_args=env_args, run_name="vfx", micro_batch_size=8, rollouts_per_example=4,
+                              batch_size=8, max_steps=2, max_tokens=16, save_steps=50)
+    steps = run_vf_train(config, out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
-        assert "reward/solved" in r and "reward/in_range" in r
-        assert r["tokens/loss"] > 0 and "importance_ratio" in r
+        assert metrics <= set(r), sorted(r)
+        assert r["tokens/loss"] > 0 and 0.5 < r["importance_ratio"] < 2.0, r
 
 
 @pytest.mark.server
@@ -221,4 +233,6 @@ def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
     assert result.returncode == 0, (result.stdout, result.stderr, log.read_text()[-3000:] if log.exists() else "")
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
-    assert all(0 < r["reward/lcs_reward_func"] <= 1 and r["tokens/loss"] > 0 for r in steps)
+    for r in steps:  # the env's own reward function (often 0 for a 135M model in 16 tokens)
+        assert 0 <= r["reward/lcs_reward_func"] <= 1 and r["tokens/loss"] > 0, r
+        assert 0.5 < r["importance_ratio"] < 2.0, r
