@@ -42,6 +42,10 @@ def edit(old: str, new: str) -> str:
     return BASE.replace(old, new, 1)
 
 
+def with_env_args(line: str) -> str:
+    return edit('id = "reverse-text"\n', f'id = "reverse-text"\n\n[env.args]\n{line}\n')
+
+
 CASES = {
     "toml syntax error": (edit("gpus = 1\n", "gpus = = 1\n"), "TOML syntax error", "line"),
     "model missing": (edit('model = "Qwen/Qwen3-4B-Instruct-2507"\n', ""), "required key 'model' is missing", None),
@@ -99,6 +103,12 @@ CASES = {
                           "inference.shared", "boolean"),
     "bucket size zero": (edit("batch_size = 32", "batch_size = 32\nweight_sync_bucket_mb = 0"),
                          "trainer.args.weight_sync_bucket_mb", "positive"),
+    "env args unknown key": (with_env_args("few_shots = 2"), "env.args.few_shots", "did you mean 'few_shot'"),
+    "env args wrong type": (with_env_args('few_shot = "two"'), "env.args.few_shot", "expected int | list[dict], got 'two'"),
+    "output_dir not writable": (edit("batch_size = 32", 'batch_size = 32\noutput_dir = "/proc/version/run"'),
+                                "trainer.args.output_dir", "is a file"),
+    "report_to unsupported": (edit("batch_size = 32", 'batch_size = 32\nreport_to = "tensorbord"'),
+                              "trainer.args.report_to", "expected one of none, wandb"),
 }
 
 
@@ -298,6 +308,21 @@ AGREE_REJECT = {
     "zero generation timeout": ({"generation_timeout": 0.0}, "generation_timeout: must be positive"),
     "zero lora rank": ({"lora_rank": 0}, "lora_rank: must be positive"),
     "int as str": ({"batch_size": "8"}, "batch_size: expected int, got '8'"),
+    "top_p zero": ({"top_p": 0.0}, "top_p: expected 0 < top_p <= 1, got 0.0"),
+    "top_k zero": ({"top_k": 0}, "top_k: expected top_k >= 1, or -1 / unset for off"),
+    "min_p above one": ({"min_p": 1.5}, "min_p: expected 0 <= min_p <= 1"),
+    "repetition penalty zero": ({"repetition_penalty": 0.0}, "repetition_penalty: expected repetition_penalty > 0"),
+    "presence penalty out of range": ({"presence_penalty": 3.0}, "presence_penalty: expected -2 <= presence_penalty <= 2"),
+    "frequency penalty out of range": ({"frequency_penalty": -2.5}, "frequency_penalty: expected -2 <="),
+    "lora alpha zero": ({"lora_alpha": 0.0}, "lora_alpha: expected lora_alpha > 0"),
+    "lora dropout one": ({"lora_dropout": 1.0}, "lora_dropout: expected 0 <= lora_dropout < 1"),
+    "lora targets empty": ({"lora_target_modules": []}, "lora_target_modules: expected \"all-linear\""),
+    "lora modules_to_save not names": ({"lora_modules_to_save": [""]}, "lora_modules_to_save: expected a list"),
+    "report_to unsupported": ({"report_to": "tensorboard"}, "report_to: expected one of none, wandb"),
+    "output_dir under a file": ({"output_dir": "/proc/version/run"}, "output_dir: /proc/version is a file"),
+    "negative grad norm": ({"max_grad_norm": -1.0}, "max_grad_norm: expected max_grad_norm >= 0"),
+    "save steps zero": ({"save_steps": 0}, "save_steps: expected save_steps > 0"),
+    "eval examples zero": ({"num_eval_examples": 0}, "num_eval_examples: expected num_eval_examples > 0, or -1"),
     "int as bool": ({"use_lora": 1}, "use_lora: expected bool, got 1"),
 }
 AGREE_ACCEPT = {
@@ -319,8 +344,8 @@ def both_paths(args: dict, tmp_path: Path) -> tuple[Exception | None, Exception 
     path.write_text(tomli_w.dumps({"model": "Qwen/Qwen3-4B-Instruct-2507", "env": {"id": "reverse-text"},
                                    "inference": {"gpus": 0}, "trainer": {"gpus": 0, "args": args}}))
     errors = []
-    for attempt in (lambda: load_config(path),
-                    lambda: RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **args)):
+    python_args = {"output_dir": str(tmp_path / "out"), "report_to": "none", **args}
+    for attempt in (lambda: load_config(path), lambda: RLConfig(use_cpu=True, **python_args)):
         try:
             attempt()
             errors.append(None)
@@ -344,3 +369,17 @@ def test_toml_and_python_reject_alike(case, tmp_path):
 @pytest.mark.parametrize("case", list(AGREE_ACCEPT))
 def test_toml_and_python_accept_alike(case, tmp_path):
     assert both_paths({**AGREE_BASE, **AGREE_ACCEPT[case]}, tmp_path) == (None, None)
+
+
+@pytest.mark.parametrize("line, needles", [
+    ("enforce_eagr = true", ("inference.args.enforce_eagr: not an option of `vllm serve`", "did you mean 'enforce_eager'")),
+    ('dtype = "float64"', ("inference.args.dtype: 'float64' is not one of", "float32")),
+])
+def test_inference_args_are_checked_against_vllms_own_parser(tmp_path, line, needles):
+    """vf-rl (and --dry-run) read the installed vLLM's `vllm serve` options (cached per version)."""
+    path = tmp_path / "flags.toml"
+    path.write_text(edit("enforce_eager = true", f"enforce_eager = true\n{line}").replace(
+        "[inference]\ngpus = 1", "[inference]\ngpus = 0").replace("[trainer]\ngpus = 1", "[trainer]\ngpus = 0"))
+    for extra in (["--dry-run"], []):
+        assert_one_line_error(run(["@", str(path), *extra], tmp_path), str(path), *needles)
+    assert list(tmp_path.iterdir()) == [path]

@@ -69,7 +69,8 @@ gpus = 1
     loopback = tmp_path / "l.toml"
     loopback.write_text(path.read_text().replace('host = "0.0.0.0"', ""))
     inference, trainer = build_commands(load_config(loopback), loopback, ["0", "1"])
-    assert "VF_RL_WEIGHT_SECRET" not in inference.env and "127.0.0.1" not in inference.argv  # vf-vllm's default
+    assert "VF_RL_WEIGHT_SECRET" not in inference.env
+    assert inference.argv[inference.argv.index("--host") + 1] == "127.0.0.1"  # the trainer's resolved host
     dry = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "--dry-run"],
                          capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/usr/bin:/bin"})
     assert "VF_RL_WEIGHT_SECRET='<generated>'" in dry.stdout.replace("=<generated>", "='<generated>'")

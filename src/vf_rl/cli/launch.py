@@ -39,6 +39,8 @@ from vf_rl.config.schema import (
     resolved_trainer_args,
     server_address,
 )
+from vf_rl.config.vllm_flags import check_inference_args
+from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
 
 EXIT_BAD_INPUT = 2
 
@@ -51,10 +53,14 @@ class PaneCommand:
     env: dict[str, str]
     argv: list[str]
 
+    def line(self) -> str:
+        """``env K=V ... argv`` as one bash command."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"env {env} {shlex.join(self.argv)}"
+
     def shell(self, log: Path, exit_file: Path | None = None, after: str = "") -> str:
         """The bash line the pane runs: env, the command teed to ``log``, exit status saved."""
-        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        line = f"env {env} {shlex.join(self.argv)} 2>&1 | tee {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
+        line = f"{self.line()} 2>&1 | tee {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
         return line + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\""
@@ -200,6 +206,9 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     logs.mkdir(parents=True, exist_ok=True)
     exit_file = logs / "trainer.exit"
     exit_file.unlink(missing_ok=True)
+    (logs / "inference.log").unlink(missing_ok=True)  # the supervisor appends across restarts
+    trainer.env.update(VF_RL_INFERENCE_EXIT_FILE=str(logs / "inference.exit"),
+                       VF_RL_INFERENCE_LOG=str(logs / "inference.log"))
     server = libtmux.Server()
     if server.has_session(session_name):
         server.kill_session(session_name)
@@ -213,9 +222,13 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     window.set_option("pane-border-status", "top")
     for pane, cmd in ((top, inference), (bottom, trainer)):
         pane.cmd("select-pane", "-T", cmd.title)
-    stop_server = f"tmux send-keys -t {top.pane_id} C-c"
-    top.send_keys(inference.shell(logs / "inference.log"))
-    bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=stop_server))
+    resume_hint = resume_command(config_path, session_name)
+    after = (f"tmux send-keys -t {top.pane_id} C-c; if [ $code -ne 0 ] && [ $code -ne {SIGINT_STATUS} ]; then "
+             f"echo {shlex.quote('[vf-rl] the trainer failed; the last complete checkpoint resumes with: ' + resume_hint)}"
+             "; fi")
+    top.send_keys(supervised_shell(inference.line(), logs / "inference.log", logs / "inference.exit",
+                                   logs / "inference.restarts", exit_file))
+    bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=after))
     print(f"vf-rl: tmux session '{session_name}' started (logs in {logs})")
     interactive = sys.stdout.isatty() and not os.environ.get("TMUX")
     if not wait:
@@ -225,11 +238,11 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
             print(f"vf-rl: watch with: tmux attach -t {session_name}")
         return 0
     if not interactive:
-        return wait_for_trainer(server, session_name, exit_file)
+        return wait_for_trainer(server, session_name, logs, resume_hint)
     # attached, while a watcher closes the session once the trainer has finished
     result: list[int] = []
-    watcher = threading.Thread(target=lambda: result.append(wait_for_trainer(server, session_name, exit_file, linger=5.0)),
-                               daemon=True)
+    watcher = threading.Thread(target=lambda: result.append(wait_for_trainer(server, session_name, logs, resume_hint,
+                                                                             linger=5.0)), daemon=True)
     watcher.start()
     session.attach()
     if watcher.is_alive():
@@ -238,9 +251,19 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     return result[0] if result else 1
 
 
-def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2.0, linger: float = 2.0) -> int:
-    """Block until the trainer pane writes its exit status; ``linger`` seconds later (the
-    inference server stops on its Ctrl-C meanwhile) close the session. Returns the status."""
+def resume_command(config_path: Path, session_name: str) -> str:
+    """The command that resumes this run from its last checkpoint."""
+    session = "" if session_name == "vf-rl" else f" -s {shlex.quote(session_name)}"
+    return f"vf-rl @ {shlex.quote(str(config_path))}{session} --resume"
+
+
+def wait_for_trainer(server, session_name: str, logs: Path, resume_hint: str, poll: float = 1.0,
+                     linger: float = 2.0) -> int:
+    """Block until the trainer pane writes its exit status to ``logs/trainer.exit``; ``linger``
+    seconds later (the inference server stops on its Ctrl-C meanwhile) close the session.
+    On a failure, print why: the inference server's last error lines if it exited first, and
+    the command that resumes. Returns the trainer's status."""
+    exit_file = logs / "trainer.exit"
     while not exit_file.exists() or not exit_file.read_text().strip():
         if not server.has_session(session_name):
             print("vf-rl: the tmux session ended before the trainer finished", file=sys.stderr)
@@ -250,7 +273,14 @@ def wait_for_trainer(server, session_name: str, exit_file: Path, poll: float = 2
     time.sleep(linger)
     if server.has_session(session_name):
         server.kill_session(session_name)
-    print(f"vf-rl: trainer exited with status {code}")
+    print(f"vf-rl: trainer exited with status {code} (logs: {logs / 'trainer.log'}, {logs / 'inference.log'})")
+    if code != 0:
+        server_exit = logs / "inference.exit"
+        status = server_exit.read_text().strip() if server_exit.is_file() else ""
+        if status.lstrip("-").isdigit() and int(status) not in (0, SIGINT_STATUS):
+            print(f"vf-rl: error: {exited_message(int(status), logs / 'inference.log')}", file=sys.stderr)
+        if code != SIGINT_STATUS:
+            print(f"vf-rl: resume from the last checkpoint with: {resume_hint}", file=sys.stderr)
     return code
 
 
@@ -292,7 +322,14 @@ def main(argv: list[str] | None = None) -> int:
                             help="block until the trainer ends; exit with its status (for scripts and CI)")
         opts = parser.parse_args(rest)
         config = load_config(config_path)
+        try:
+            checked = check_inference_args(config.inference.args)
+        except ConfigError as exc:
+            raise ConfigError(f"{config_path}: {exc}") from None
         if opts.dry_run:
+            if not checked:
+                print("vf-rl: note: vLLM is not installed here; [inference.args] not checked against `vllm serve`",
+                      file=sys.stderr)
             return dry_run(config, config_path, opts.session)
         if shutil.which("tmux") is None:
             raise ConfigError("tmux is not installed (Debian/Ubuntu: sudo apt-get install tmux; macOS: brew install tmux)")

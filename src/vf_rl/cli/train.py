@@ -2,6 +2,9 @@
 
     vf-train @ config.toml [--resume]
 
+Exit status: 0 done; 2 bad input (one line naming the file and key); 3 the inference server
+exited or never came up (one line with its last error); 130 Ctrl-C.
+
 Loads ``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``,
 and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
 serving ``model``.
@@ -14,6 +17,8 @@ import sys
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
 
 EXIT_BAD_INPUT = 2
+EXIT_SERVER_GONE = 3
+EXIT_INTERRUPTED = 130  # as bash reports a command ended by Ctrl-C
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"vf-train: error: {config_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from vf_rl.inference.supervision import ServerExited
+
     print(f"Loading model {config.model}...", flush=True)
     trainer = RLTrainer(model=config.model, env=env, args=args)
     try:
@@ -47,6 +54,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_SERVER_GONE
+    except KeyboardInterrupt:
+        print("vf-train: interrupted (Ctrl-C); the last complete checkpoint is kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -147,6 +147,8 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
     if not 0 <= a["epsilon_low"] < 1 or a["epsilon_high"] < 0:
         raise ConfigError(f"{p}epsilon_low/high: need 0 <= epsilon_low < 1 and epsilon_high >= 0, got "
                           f"{a['epsilon_low']} and {a['epsilon_high']}")
+    check_sampling_and_lora(a, p)
+    check_output_dir(a["output_dir"], p)
     _check_function_name("loss_type", a["loss_type"], LOSS_TYPES, p)
     _check_function_name("advantage_type", a["advantage_type"], ADVANTAGE_TYPES, p)
     schedulers, scheduler = scheduler_types(), getattr(a["lr_scheduler_type"], "value", a["lr_scheduler_type"])
@@ -167,3 +169,105 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         raise ConfigError(f"{p}weight_sync_port: not a port number: {a['weight_sync_port']}")
     if not 0 < a["vllm_server_port"] < 65536:
         raise ConfigError(f"{p}vllm_server_port: not a port number: {a['vllm_server_port']}")
+
+
+REPORT_TO_CHOICES = ("none", "wandb")
+
+
+def check_sampling_and_lora(a: dict[str, Any], p: str = "") -> None:
+    """Value ranges of the sampling keys (vLLM's and OpenAI's), the LoRA keys (peft's), the
+    logging keys and a few optimizer keys, so that none fails later inside a library.
+
+    Raises:
+        ConfigError: naming the key, its value and the range.
+    """
+    ranges = [("top_p", 0 < a["top_p"] <= 1, "0 < top_p <= 1"),
+              ("top_k", a["top_k"] is None or a["top_k"] == -1 or a["top_k"] >= 1, "top_k >= 1, or -1 / unset for off"),
+              ("min_p", 0 <= a["min_p"] <= 1, "0 <= min_p <= 1"),
+              ("repetition_penalty", a["repetition_penalty"] > 0, "repetition_penalty > 0"),
+              ("presence_penalty", -2 <= a["presence_penalty"] <= 2, "-2 <= presence_penalty <= 2"),
+              ("frequency_penalty", -2 <= a["frequency_penalty"] <= 2, "-2 <= frequency_penalty <= 2"),
+              ("lora_alpha", a["lora_alpha"] > 0, "lora_alpha > 0"),
+              ("lora_dropout", 0 <= a["lora_dropout"] < 1, "0 <= lora_dropout < 1"),
+              ("max_grad_norm", a.get("max_grad_norm", 1.0) >= 0, "max_grad_norm >= 0 (0: no clipping)"),
+              ("weight_decay", a.get("weight_decay", 0.0) >= 0, "weight_decay >= 0"),
+              ("warmup_steps", a.get("warmup_steps", 0) >= 0, "warmup_steps >= 0"),
+              ("save_steps", a["save_steps"] > 0, "save_steps > 0"),
+              ("logging_steps", a["logging_steps"] > 0, "logging_steps > 0"),
+              ("num_eval_examples", a["num_eval_examples"] == -1 or a["num_eval_examples"] > 0,
+               "num_eval_examples > 0, or -1 for all")]
+    for key, ok, expected in ranges:
+        if not ok:
+            raise ConfigError(f"{p}{key}: expected {expected}, got {a[key]!r}")
+    targets = a["lora_target_modules"]
+    if targets is not None and not (isinstance(targets, str) and targets or isinstance(targets, list) and targets
+                                    and all(isinstance(t, str) and t for t in targets)):
+        raise ConfigError(f"{p}lora_target_modules: expected \"all-linear\", a module name or a non-empty list of "
+                          f"module names, got {targets!r}")
+    save = a["lora_modules_to_save"]
+    if save is not None and not all(isinstance(t, str) and t for t in save):
+        raise ConfigError(f"{p}lora_modules_to_save: expected a list of module names, got {save!r}")
+    report_to = a["report_to"]
+    for value in report_to if isinstance(report_to, list) else [report_to]:
+        if value not in REPORT_TO_CHOICES:
+            raise ConfigError(f"{p}report_to: expected one of {', '.join(REPORT_TO_CHOICES)} (or a list of them), "
+                              f"got {value!r}{suggest(str(value), REPORT_TO_CHOICES)}")
+
+
+def check_output_dir(output_dir: str, p: str = "") -> None:
+    """``output_dir`` can be created and written: it is a writable directory, or its nearest
+    existing parent is. Creates nothing.
+
+    Raises:
+        ConfigError: naming the key and the path that blocks it.
+    """
+    import os
+    from pathlib import Path
+
+    path = Path(output_dir).expanduser().absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"{p}output_dir: {existing} is a file, not a directory (output_dir = {output_dir!r})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{p}output_dir: cannot write to {existing} (output_dir = {output_dir!r}); "
+                          "choose a directory you can write")
+
+
+def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
+    """``function(**args)`` would bind: every key is a parameter (unless it takes ``**kwargs``)
+    and every value has the parameter's annotated type where pydantic can check it (lax: an
+    int for a float is fine). Used for ``[env.args]`` against ``load_environment``.
+
+    Raises:
+        ConfigError: ``"<prefix><key>: ..."`` naming the nearest valid parameter or the type.
+    """
+    import inspect
+    import typing
+
+    signature = inspect.signature(function)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # annotations naming what is not importable here: check names only
+        hints = {}
+    for key, value in args.items():
+        if key not in names:
+            if takes_any:
+                continue
+            raise ConfigError(f"{prefix}{key}: {function.__module__}.{function.__name__}() takes no argument "
+                              f"{key!r}{suggest(key, names)}; it takes: {', '.join(names) or 'nothing'}")
+        if key not in hints:
+            continue
+        try:
+            adapter = TypeAdapter(hints[key])
+        except Exception:  # a type pydantic cannot check
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None

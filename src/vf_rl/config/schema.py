@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from .fields import MISSING, rl_fields, trainer_fields
-from .rules import ConfigError, check_trainer_args, check_types, derive_defaults, suggest
+from .rules import ConfigError, check_call_args, check_trainer_args, check_types, derive_defaults, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -154,13 +154,22 @@ def validate_inference_args(config: "VfRlConfig") -> None:
 
 def validate_env(config: "VfRlConfig") -> None:
     """The environment id names an importable module, a module in the working directory or a
-    built-in (``vf_rl.envs.registry.find_environment``; nothing is imported)."""
-    from vf_rl.envs.registry import find_environment
+    built-in (``vf_rl.envs.registry.find_environment``'s precedence) whose ``load_environment``
+    takes ``[env.args]`` (names and annotated types; the module is imported, nothing is run).
+
+    Raises:
+        ConfigError: naming ``env.id`` or the ``env.args`` key.
+    """
+    from vf_rl.envs.registry import import_environment_module
 
     try:
-        find_environment(config.env.id)
-    except ValueError as exc:
+        module = import_environment_module(config.env.id)
+    except ValueError as exc:  # unknown id, or no load_environment()
         raise ConfigError(f"env.id: {exc}") from None
+    except Exception as exc:
+        raise ConfigError(f"env.id: importing environment module for {config.env.id!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    check_call_args(module.load_environment, config.env.args, prefix="env.args.")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":

@@ -58,6 +58,23 @@ def find_environment(env_id: str) -> tuple[str, str]:
         f"built-in environments: {', '.join(builtin_environments())}")
 
 
+def import_environment_module(env_id: str):
+    """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
+    precedence; a module found in the working directory puts it on ``sys.path``).
+
+    Raises:
+        ValueError: no such module (the message lists what was tried), or it has no
+            ``load_environment``; errors raised while importing the module propagate.
+    """
+    name, where = find_environment(env_id)
+    if where == "cwd" and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    module = importlib.import_module(name)
+    if not callable(getattr(module, "load_environment", None)):
+        raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment()")
+    return module
+
+
 def load_environment(env_id: str, **env_args):
     """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
     precedence) and call its ``load_environment(**env_args)``.
@@ -71,13 +88,7 @@ def load_environment(env_id: str, **env_args):
             ``load_environment``, or it returned a ``verifiers`` environment vf-rl cannot
             train (``VerifiersError``: v1 API, unsupported version).
     """
-    name, where = find_environment(env_id)
-    if where == "cwd" and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    module = importlib.import_module(name)  # errors inside the module propagate
-    if not hasattr(module, "load_environment"):
-        raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment()")
-    env = module.load_environment(**env_args)
+    env = import_environment_module(env_id).load_environment(**env_args)
     from .verifiers_adapter import VerifiersEnvironment, verifiers_api
 
     if verifiers_api(env) is not None:

@@ -8,6 +8,7 @@ import time
 import httpx
 
 from .routes import SECRET_HEADER
+from .supervision import check_server_alive
 
 KEEPALIVE_EXPIRY_S = 1.0
 """Seconds an idle pooled HTTP connection may be reused. vLLM's server (uvicorn) closes idle
@@ -52,9 +53,12 @@ class InferenceClient:
 
         Raises:
             TimeoutError: not ready after ``timeout`` seconds.
+            ServerExited: the server ``vf-rl`` launched exited for good meanwhile (seen within
+                ``poll`` seconds; see ``supervision.py``).
         """
         deadline = time.monotonic() + timeout
         while True:
+            check_server_alive()
             try:
                 if self.http.get("/health", timeout=5.0).status_code == 200:
                     return
@@ -64,6 +68,13 @@ class InferenceClient:
                 raise TimeoutError(f"vf-vllm at {self.base_url} not ready after {timeout:.0f} s "
                                    "(raise vllm_server_timeout, or look at the Inference pane's log)")
             time.sleep(poll)
+
+    def is_healthy(self) -> bool:
+        """Whether ``GET /health`` answers 200 now."""
+        try:
+            return self.http.get("/health", timeout=5.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def _post(self, route: str, json: dict | None = None) -> dict:
         response = self.http.post(route, json=json or {})

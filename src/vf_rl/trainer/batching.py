@@ -6,6 +6,7 @@ training samples -> per-process shard -> micro batches.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +27,21 @@ class Sample:
     loss_mask: list[int]
     sampling_logprobs: list[float]
     advantage: float
+
+
+def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | None = None) -> list[dict]:
+    """The rows of ``dataset`` whose templated prompt (chat template, generation prompt added)
+    fits ``max_prompt_len`` tokens, each with its dataset index as ``row_id``; shuffled once by
+    ``shuffle_seed`` unless it is ``None``. Batch ``n`` takes the ``n``-th slice of this list
+    (``orchestrator.batch_rows``), so the rows of every step follow from the dataset and the seed."""
+    rows = []
+    for i, row in enumerate(dataset):
+        ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
+        if len(ids) <= max_prompt_len:
+            rows.append({**row, "row_id": i})
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(rows)
+    return rows
 
 
 def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_responses: bool = True) -> list[Sample]:

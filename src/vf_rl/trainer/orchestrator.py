@@ -26,6 +26,9 @@ from vf_rl.metrics import rollout_metrics
 from .advantage import AdvantageFn, compute_advantages, group_mean
 from .batching import Sample, rollout_to_samples
 
+SERVER_ERRORS = ("APIConnectionError",)
+"""Rollout errors that mean the server could not be reached (it died or restarts)."""
+
 
 @dataclass
 class Batch:
@@ -38,6 +41,7 @@ class Batch:
         metrics: ``reward``, ``reward/std``, ``reward/<func>``, ``advantage/absmean``,
             ``tokens/completion``, ``errors/rate``, ``timing/generation_s``...
         row_ids: the dataset index of each prompt of the batch.
+        server_errors: rollouts that failed because the server could not be reached.
     """
 
     step: int
@@ -45,6 +49,14 @@ class Batch:
     rollouts: list[Rollout]
     metrics: dict[str, float] = field(default_factory=dict)
     row_ids: list = field(default_factory=list)
+    server_errors: int = 0
+
+
+def batch_rows(rows: list[dict], step: int, prompts_per_batch: int) -> list[dict]:
+    """The rows of batch ``step``: ``rows[step * prompts_per_batch:][:prompts_per_batch]``,
+    wrapping around the end of ``rows``."""
+    start = step * prompts_per_batch
+    return [rows[(start + i) % len(rows)] for i in range(prompts_per_batch)]
 
 
 class Orchestrator:
@@ -98,9 +110,8 @@ class Orchestrator:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
 
     def rows_for_step(self, step: int) -> list[dict]:
-        """The dataset rows of batch ``step``: the next ``prompts_per_batch`` rows, wrapping around."""
-        start = step * self.prompts_per_batch
-        return [self.rows[(start + i) % len(self.rows)] for i in range(self.prompts_per_batch)]
+        """The dataset rows of batch ``step`` (:func:`batch_rows`)."""
+        return batch_rows(self.rows, step, self.prompts_per_batch)
 
     def submitted(self, step: int) -> bool:
         """Whether batch ``step`` is being generated or waits to be taken."""
@@ -167,7 +178,8 @@ class Orchestrator:
                                            on_done=on_done)
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
-        if len(errors) == len(rollouts):
+        server_errors = sum(r.error.startswith(SERVER_ERRORS) for r in errors)
+        if len(errors) == len(rollouts) and not server_errors:
             raise RuntimeError(f"every rollout of batch {step} failed; first error: {errors[0].error}")
         for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
             print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss): {cause}",
@@ -186,7 +198,7 @@ class Orchestrator:
         metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), "timing/generation_s": generation_s,
                    "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
                    "throughput/generation_tokens_per_s": completion_tokens / max(generation_s, 1e-9)}
-        return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows])
+        return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows], server_errors)
 
     def close(self) -> None:
         """Cancel pending batches and stop the background loop."""

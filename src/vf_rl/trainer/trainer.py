@@ -19,7 +19,6 @@ import importlib.util
 import inspect
 import json
 import os
-import random
 import shutil
 import time
 import warnings
@@ -39,11 +38,12 @@ from vf_rl.config.schema import LOOPBACK
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
+from vf_rl.inference.supervision import MAX_RESTARTS
 from vf_rl.metrics import rollout_metrics
 
 from . import display
 from .advantage import AdvantageFn, get_advantage
-from .batching import first_trained_position, micro_batches, shard
+from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
@@ -219,24 +219,13 @@ class RLTrainer(Trainer):
         self._synced_step = 0  # the server holds the weights of this optimizer step
         self._step_metrics: dict[str, float] = {}
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
+        self._server_reconnects = 0  # batches generated again after the server came back
         self._checkpoint_staging: Path | None = None
         self._last_eval: tuple[int, dict] = (-1, {})
-        self._rows = self._prompt_rows(env.get_dataset(), tokenizer, shuffle=args.shuffle_dataset)
-        self._eval_rows = (self._prompt_rows(env.get_eval_dataset(args.num_eval_examples), tokenizer, shuffle=False)
+        self._rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len,
+                                 args.seed if args.shuffle_dataset else None)
+        self._eval_rows = (prompt_rows(env.get_eval_dataset(args.num_eval_examples), tokenizer, args.max_prompt_len)
                            if evaluating else [])
-
-    def _prompt_rows(self, dataset, tokenizer, shuffle: bool) -> list[dict]:
-        """Rows whose templated prompt fits ``max_prompt_len`` tokens, each with its dataset
-        index as ``row_id``, shuffled once by ``seed``."""
-        rows = []
-        for i, row in enumerate(dataset):
-            ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
-                                                return_dict=False)
-            if len(ids) <= self.args.max_prompt_len:
-                rows.append({**row, "row_id": i})
-        if shuffle:
-            random.Random(self.args.seed).shuffle(rows)
-        return rows
 
     # --- the loop ---------------------------------------------------------------------------
 
@@ -266,14 +255,21 @@ class RLTrainer(Trainer):
             if self.weight_sync is not None:
                 self.weight_sync.close()
 
-    def _start_inference_side(self) -> None:
-        """Main process: pick and open the weight-sync transport, start the orchestrator."""
+    def _open_weight_sync(self) -> str:
+        """Main process: pick and open the weight-sync transport (again after a server restart:
+        an NCCL group must be formed with the new workers). Returns its kind."""
         a = self.args
         info = self.inference.weight_sync_info()
         kind = resolve_weight_sync(a.weight_sync, device_uuid(a.device), info["devices"],
                                    server_is_local=a.vllm_server_host in LOOPBACK)
         self.weight_sync = make_weight_sync(kind, self.inference, Path(a.output_dir), a.device, a.weight_sync_port,
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
+        return kind
+
+    def _start_inference_side(self) -> None:
+        """Main process: open the weight-sync transport, start the orchestrator."""
+        a = self.args
+        kind = self._open_weight_sync()
         model_name = self.served_model_name
         if kind == "lora":  # rollouts ask for the adapter, which must exist before the first batch
             self.weight_sync.push(self.accelerator.unwrap_model(self.model))
@@ -321,13 +317,35 @@ class RLTrainer(Trainer):
                 with self._timed("sync_s"):
                     self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
             with self._timed("wait_s"):
-                batch = self.orchestrator.wait(step, on_progress=display.progress_printer(step))
+                batch = self._wait_for_batch(step)
         if self._synced_step != step:
             with self._timed("sync_s"):
                 self.sync_weights(step)
         if self.is_world_process_zero() and step + 1 < self.args.max_steps:
             self.orchestrator.submit(step + 1)
         return self._share_batch(batch)
+
+    def _wait_for_batch(self, step: int) -> Batch:
+        """``orchestrator.wait(step)``; a batch that lost rollouts to an unreachable server (it
+        was killed, and ``vf-rl`` restarts it) is generated again once the server is back, with
+        the current weights pushed first, so no rollout is scored 0 for the crash.
+
+        Raises:
+            ServerExited: the server exited for good (restarts used up, start-up error, Ctrl-C).
+        """
+        for attempt in range(MAX_RESTARTS + 2):
+            batch = self.orchestrator.wait(step, on_progress=display.progress_printer(step))
+            if not batch.server_errors or attempt > MAX_RESTARTS:
+                return batch
+            print(f"[vf-rl] batch {step + 1}: {batch.server_errors}/{len(batch.rollouts)} rollouts could not reach "
+                  f"the inference server; waiting for it (up to {self.args.vllm_server_timeout:.0f} s)", flush=True)
+            self.inference.wait_until_ready(self.args.vllm_server_timeout)
+            self._server_reconnects += 1
+            self.weight_sync.close()
+            self._open_weight_sync()
+            self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+            print(f"[vf-rl] inference server back; generating batch {step + 1} again", flush=True)
+        return batch
 
     @contextlib.contextmanager
     def _timed(self, name: str):
@@ -343,6 +361,7 @@ class RLTrainer(Trainer):
         (the dataset rows of each step, for exact resume checks), the sample table."""
         timings = {"wait_s": 0.0, "sync_s": 0.0, **self._timings}
         self._step_metrics = {**batch.metrics, **stats, **{f"timing/{k}": v for k, v in timings.items()},
+                              "server/reconnects": float(self._server_reconnects),
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
         if not self.is_world_process_zero():
             return

