@@ -70,9 +70,13 @@ def test_env_id_precedence_and_error(tmp_path, monkeypatch):
     assert find_environment("primeintellect/reverse-text") == ("vf_rl.environments.reverse_text", "built-in")
     (tmp_path / "reverse_text.py").write_text("def load_environment(**kw):\n    return 'from cwd'\n")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_environment puts the cwd on it
     monkeypatch.delitem(sys.modules, "reverse_text", raising=False)
     assert find_environment("reverse-text") == ("reverse_text", "cwd")  # console scripts do not put cwd on sys.path
-    assert load_environment("reverse-text") == "from cwd"
+    try:
+        assert load_environment("reverse-text") == "from cwd"
+    finally:  # later tests must get the built-in again
+        sys.modules.pop("reverse_text", None)
     with pytest.raises(ValueError) as err:
         find_environment("owner/no-such-env")
     assert "tried module 'no_such_env' on sys.path" in str(err.value) and "built-in environments: " in str(err.value)
