@@ -24,6 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
+import httpx
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
 from transformers.trainer_callback import ProgressCallback
@@ -220,6 +221,7 @@ class RLTrainer(Trainer):
         self._step_metrics: dict[str, float] = {}
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         self._server_reconnects = 0  # batches generated again after the server came back
+        self._started = time.perf_counter()  # reset by train(): timing/elapsed_s counts from there
         self._checkpoint_staging: Path | None = None
         self._last_eval: tuple[int, dict] = (-1, {})
         self._rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len,
@@ -238,6 +240,7 @@ class RLTrainer(Trainer):
                 optimizer, RNG and dataset position continue from the checkpoint, and the
                 server gets the checkpoint's weights before the first batch is generated.
         """
+        self._started = time.perf_counter()
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if resume_from_checkpoint and self.is_world_process_zero():
@@ -337,15 +340,26 @@ class RLTrainer(Trainer):
             batch = self.orchestrator.wait(step, on_progress=display.progress_printer(step))
             if not batch.server_errors or attempt > MAX_RESTARTS:
                 return batch
-            print(f"[vf-rl] batch {step + 1}: {batch.server_errors}/{len(batch.rollouts)} rollouts could not reach "
-                  f"the inference server; waiting for it (up to {self.args.vllm_server_timeout:.0f} s)", flush=True)
-            self.inference.wait_until_ready(self.args.vllm_server_timeout)
-            self._server_reconnects += 1
-            self.weight_sync.close()
-            self._open_weight_sync()
-            self.weight_sync.push(self.accelerator.unwrap_model(self.model))
-            print(f"[vf-rl] inference server back; generating batch {step + 1} again", flush=True)
+            self._reconnect(f"batch {step + 1}: {batch.server_errors}/{len(batch.rollouts)} rollouts could not reach "
+                            "the inference server")
+            print(f"[vf-rl] generating batch {step + 1} again", flush=True)
         return batch
+
+    def _reconnect(self, why: str) -> None:
+        """Main process, after the server was lost: wait until it answers again (``vf-rl``
+        restarts a killed one), open the weight-sync transport anew (a new server has new
+        workers) and push the current weights.
+
+        Raises:
+            ServerExited: the server exited for good. TimeoutError: not back in ``vllm_server_timeout``.
+        """
+        print(f"[vf-rl] {why}; waiting for it (up to {self.args.vllm_server_timeout:.0f} s)", flush=True)
+        self.inference.wait_until_ready(self.args.vllm_server_timeout)
+        self._server_reconnects += 1
+        self.weight_sync.close()
+        self._open_weight_sync()
+        self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+        print("[vf-rl] inference server back; current weights pushed", flush=True)
 
     @contextlib.contextmanager
     def _timed(self, name: str):
@@ -361,6 +375,7 @@ class RLTrainer(Trainer):
         (the dataset rows of each step, for exact resume checks), the sample table."""
         timings = {"wait_s": 0.0, "sync_s": 0.0, **self._timings}
         self._step_metrics = {**batch.metrics, **stats, **{f"timing/{k}": v for k, v in timings.items()},
+                              "timing/elapsed_s": time.perf_counter() - self._started,
                               "server/reconnects": float(self._server_reconnects),
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
         if not self.is_world_process_zero():
@@ -454,7 +469,12 @@ class RLTrainer(Trainer):
         transport (main process; the others wait)."""
         with self._full_weights():
             if self.is_world_process_zero():
-                self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+                try:
+                    self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+                except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
+                    if self.inference.is_healthy():
+                        raise
+                    self._reconnect("the weight sync could not reach the inference server")
         self.accelerator.wait_for_everyone()
         self._synced_step = step
 
