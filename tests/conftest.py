@@ -22,9 +22,9 @@ def model_dir() -> Path:
 
 
 def write_cpu_config(path: Path, model_dir: Path, out: Path, port: int, env_id: str = "reverse-text",
-                     inference_args: dict | None = None, **trainer_args) -> Path:
+                     inference_args: dict | None = None, env_args: dict | None = None, **trainer_args) -> Path:
     """Write a vf-rl TOML config for SmolLM2 on the CPU: reverse-text from its offline data with
-    ``few_shot = 2``, ``output_dir = out``, the server at ``port``; ``trainer_args`` added to (or
+    ``few_shot = 2`` (or ``env_args``), ``output_dir = out``, the server at ``port``; ``trainer_args`` added to (or
     replacing) ``[trainer.args]``. Returns ``path``."""
     import tomli_w
 
@@ -32,7 +32,8 @@ def write_cpu_config(path: Path, model_dir: Path, out: Path, port: int, env_id: 
     args = {"output_dir": str(out), "max_seq_len": 256, "learning_rate": 1e-4, "vllm_server_port": port,
             **trainer_args}
     path.write_text(tomli_w.dumps({"model": str(model_dir),
-                                   "env": {"id": env_id, "args": {"few_shot": 2, "source": "offline"}},
+                                   "env": {"id": env_id, "args": {"few_shot": 2, "source": "offline"} if env_args is None
+                                           else env_args},
                                    "inference": inference, "trainer": {"gpus": 0, "args": args}}))
     return path
 

@@ -153,35 +153,23 @@ def validate_inference_args(config: "VfRlConfig") -> None:
 
 
 def validate_env(config: "VfRlConfig") -> None:
-    """The environment id names a built-in or an importable module whose ``load_environment``
+    """The environment id names an importable module, a module in the working directory or a
+    built-in (``vf_rl.envs.registry.find_environment``'s precedence) whose ``load_environment``
     takes ``[env.args]`` (names and annotated types; the module is imported, nothing is run).
 
     Raises:
         ConfigError: naming ``env.id`` or the ``env.args`` key.
     """
-    import importlib
-    import importlib.util
+    from vf_rl.envs.registry import import_environment_module
 
-    from vf_rl.envs.registry import BUILTIN_PACKAGE, builtin_environments, module_name
-
-    name = module_name(config.env.id)
-    builtins = builtin_environments()
-    candidates = [name, f"{BUILTIN_PACKAGE}.{name}"]
     try:
-        found = next((c for c in candidates if importlib.util.find_spec(c) is not None), None)
-    except (ImportError, ValueError):
-        found = None
-    if found is None:
-        raise ConfigError(f"env.id: unknown environment {config.env.id!r} (no module {name!r}); "
-                          f"built-in environments: {', '.join(builtins)}")
-    try:
-        module = importlib.import_module(found)
+        module = import_environment_module(config.env.id)
+    except ValueError as exc:  # unknown id, or no load_environment()
+        raise ConfigError(f"env.id: {exc}") from None
     except Exception as exc:
-        raise ConfigError(f"env.id: importing environment module {found!r} failed: {type(exc).__name__}: {exc}") from None
-    load = getattr(module, "load_environment", None)
-    if not callable(load):
-        raise ConfigError(f"env.id: environment module {found!r} has no load_environment()")
-    check_call_args(load, config.env.args, prefix="env.args.")
+        raise ConfigError(f"env.id: importing environment module for {config.env.id!r} failed: "
+                          f"{type(exc).__name__}: {exc}") from None
+    check_call_args(module.load_environment, config.env.args, prefix="env.args.")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
-
-from .environment import Environment
+import sys
+from pathlib import Path
 
 BUILTIN_PACKAGE = "vf_rl.environments"
 
@@ -23,25 +23,74 @@ def module_name(env_id: str) -> str:
     return env_id.rsplit("/", 1)[-1].replace("-", "_")
 
 
-def load_environment(env_id: str, **env_args) -> Environment:
-    """Import the environment module named by ``env_id`` and call its ``load_environment(**env_args)``.
+def find_environment(env_id: str) -> tuple[str, str]:
+    """Where ``env_id``'s module comes from, without importing it. Precedence:
 
-    A module of that name on ``sys.path`` (an installed environment package, or a module in the
-    working directory) wins over a built-in of the same name.
+    1. a module importable from ``sys.path``: an installed environment package (an
+       Environments Hub environment is a Python package with ``load_environment``) or a
+       module in a ``PYTHONPATH`` directory;
+    2. ``<name>.py`` or ``<name>/__init__.py`` in the current working directory;
+    3. the built-in ``vf_rl.environments.<name>``.
 
+    Returns:
+        ``(module_name, where)``, e.g. ``("reverse_text", "built-in")``; ``where`` is one of
+        ``"sys.path"``, ``"cwd"``, ``"built-in"``.
     Raises:
-        ValueError: no such module (the message lists the built-ins), or the module has no
-            ``load_environment``.
+        ValueError: none of the three exists; the message lists what was tried and the built-ins.
     """
     name = module_name(env_id)
-    module = None
-    for candidate in (name, f"{BUILTIN_PACKAGE}.{name}"):
-        if importlib.util.find_spec(candidate) is not None:
-            module = importlib.import_module(candidate)  # errors inside the module propagate
-            break
-    if module is None:
-        raise ValueError(f"unknown environment {env_id!r} (module {name!r} not found); "
-                         f"built-in environments: {', '.join(builtin_environments())}")
-    if not hasattr(module, "load_environment"):
-        raise ValueError(f"environment module {module.__name__!r} has no load_environment()")
-    return module.load_environment(**env_args)
+    if not name.isidentifier():
+        raise ValueError(f"environment id {env_id!r}: {name!r} is not a Python module name")
+    try:
+        if importlib.util.find_spec(name) is not None:
+            return name, "sys.path"
+    except (ImportError, ValueError):
+        pass
+    cwd = Path.cwd()
+    if (cwd / f"{name}.py").is_file() or (cwd / name / "__init__.py").is_file():
+        return name, "cwd"
+    builtin = f"{BUILTIN_PACKAGE}.{name}"
+    if importlib.util.find_spec(builtin) is not None:
+        return builtin, "built-in"
+    raise ValueError(
+        f"unknown environment {env_id!r}: tried module {name!r} on sys.path (installed environment "
+        f"packages, PYTHONPATH), {name}.py in {cwd}, and built-in {builtin}; "
+        f"built-in environments: {', '.join(builtin_environments())}")
+
+
+def import_environment_module(env_id: str):
+    """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
+    precedence; a module found in the working directory puts it on ``sys.path``).
+
+    Raises:
+        ValueError: no such module (the message lists what was tried), or it has no
+            ``load_environment``; errors raised while importing the module propagate.
+    """
+    name, where = find_environment(env_id)
+    if where == "cwd" and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    module = importlib.import_module(name)
+    if not callable(getattr(module, "load_environment", None)):
+        raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment()")
+    return module
+
+
+def load_environment(env_id: str, **env_args):
+    """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
+    precedence) and call its ``load_environment(**env_args)``.
+
+    Returns:
+        a vf-rl :class:`Environment`; an environment of the real ``verifiers`` package comes
+        back wrapped in :class:`~vf_rl.envs.verifiers_adapter.VerifiersEnvironment`, which
+        has the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface.
+    Raises:
+        ValueError: no such module (the message lists what was tried), the module has no
+            ``load_environment``, or it returned a ``verifiers`` environment vf-rl cannot
+            train (``VerifiersError``: v1 API, unsupported version).
+    """
+    env = import_environment_module(env_id).load_environment(**env_args)
+    from .verifiers_adapter import VerifiersEnvironment, verifiers_api
+
+    if verifiers_api(env) is not None:
+        return VerifiersEnvironment(env)
+    return env

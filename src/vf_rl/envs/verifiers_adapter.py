@@ -1,0 +1,368 @@
+"""Train environments written for the real ``verifiers`` package, unchanged.
+
+``load_environment`` wraps any object of the real package (``scripts/install_verifiers.sh``)
+in :class:`VerifiersEnvironment`, which gives the trainer the same three things as vf-rl's
+own environments (``get_dataset``, ``get_eval_dataset``, ``generate``) and runs every rollout
+through the package's own group rollout call, so its datasets, parsers, rubrics, stop
+conditions, tools and state handling are the package's, not look-alikes.
+
+Supported: the classic API (``import verifiers as vf``; ``vf.SingleTurnEnv``,
+``vf.MultiTurnEnv``, ``vf.ToolEnv``, ...) of verifiers 0.2.1 through 0.3.x. The v1 API
+(``verifiers.v1``: ``Env``/``Taskset``/``Harness``/``Trace``, the whole package from 0.4.0)
+is refused at load time with a one-line error, as are versions outside the range.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib.metadata
+import inspect
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from .environment import Rollout, Turn
+
+logger = logging.getLogger(__name__)
+
+#: Versions whose classic ``Environment.run_group(inputs, client, model, sampling_args,
+#: max_retries, state_columns)`` contract the adapter uses (tested: 0.3.1).
+CLASSIC_MIN, CLASSIC_BELOW = (0, 2, 1), (0, 4, 0)
+SUPPORTED = ">=0.2.1,<0.4"
+
+#: State key where the adapter records reward-function exceptions (verifiers scores them 0
+#: and only logs them; vf-rl counts them as rollout errors).
+REWARD_ERRORS_KEY = "vf_rl_reward_errors"
+
+
+class VerifiersError(ValueError):
+    """An environment of the ``verifiers`` package that vf-rl cannot train (one-line message)."""
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+    """``"0.3.1"`` -> ``(0, 3, 1)`` (pre/post/dev parts ignored)."""
+    from packaging.version import Version
+
+    release = Version(version).release
+    return tuple(release[:3]) + (0,) * (3 - len(release[:3]))
+
+
+def verifiers_version() -> str | None:
+    """The installed ``verifiers`` distribution's version, or ``None`` when not installed."""
+    try:
+        return importlib.metadata.version("verifiers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def verifiers_api(obj: Any) -> str | None:
+    """Which API of the real ``verifiers`` package ``obj`` belongs to.
+
+    Returns:
+        ``"classic"`` (an ``Environment`` of 0.2.x/0.3.x, ``verifiers.legacy`` in 0.3),
+        ``"v1"`` (a ``verifiers.v1`` object), or ``None`` for anything else (vf-rl's own
+        environments included).
+    """
+    for cls in type(obj).__mro__:
+        module = getattr(cls, "__module__", "") or ""
+        if module == "verifiers.v1" or module.startswith("verifiers.v1."):
+            return "v1"
+        if module.split(".")[0] == "verifiers":
+            return "classic"
+    return None
+
+
+def check_console_scripts(bin_dir: Path | None = None) -> str | None:
+    """A warning when a ``verifiers`` install replaced vf-rl's console scripts.
+
+    verifiers 0.2-0.4 install their own ``vf-eval`` and 0.1.x also ``vf-rl``, ``vf-train`` and
+    ``vf-vllm``; whichever package was installed last owns the file in ``bin/``.
+
+    Args:
+        bin_dir: the scripts directory (default: the one next to ``sys.executable``).
+    Returns:
+        ``None`` when every script there is vf-rl's (or absent), else a one-line message
+        naming the shadowed scripts and the command that restores them.
+    """
+    bin_dir = bin_dir or Path(sys.executable).parent
+    shadowed = []
+    for name in ("vf-rl", "vf-train", "vf-vllm", "vf-eval"):
+        path = bin_dir / name
+        if not path.is_file():
+            continue
+        try:
+            text = path.read_text(errors="replace")[:2000]
+        except OSError:
+            continue
+        if "vf_rl" not in text:
+            shadowed.append(name)
+    if not shadowed:
+        return None
+    return (f"{', '.join(shadowed)} in {bin_dir} belong(s) to the verifiers package, not vf-rl; restore "
+            f"vf-rl's with: pip install --no-deps --force-reinstall vf-rl (or -e <checkout>); "
+            f"meanwhile use python -m vf_rl.cli.eval")
+
+
+def check_supported(api: str, version: str | None) -> None:
+    """Raise :class:`VerifiersError` unless vf-rl can train this API of this version.
+
+    Raises:
+        VerifiersError: the v1 API, a classic version outside ``SUPPORTED``, or no version.
+    """
+    if api == "v1":
+        raise VerifiersError(
+            f"verifiers {version}: v1 environments (verifiers.v1 Env/Taskset/Harness) cannot be trained "
+            f"yet; vf-rl runs the classic API of verifiers {SUPPORTED} (vf.SingleTurnEnv, vf.MultiTurnEnv, "
+            f"vf.ToolEnv, ...)")
+    if version is None:
+        raise VerifiersError("an environment of the verifiers package was returned, but no installed "
+                             "'verifiers' distribution was found (scripts/install_verifiers.sh installs one)")
+    v = _version_tuple(version)
+    if not CLASSIC_MIN <= v < CLASSIC_BELOW:
+        raise VerifiersError(
+            f"verifiers {version} is not supported: vf-rl trains classic environments of verifiers "
+            f"{SUPPORTED} (scripts/install_verifiers.sh installs 0.3.1)")
+
+
+def _wrap_reward_func(func):
+    """``func`` with the same name and parameters (plus ``state``), recording any exception
+    in ``state[REWARD_ERRORS_KEY]`` before re-raising it to the rubric (which scores 0)."""
+    if getattr(func, "_vf_rl_wrapped", False):
+        return func
+    sig = inspect.signature(func)
+    takes_state = "state" in sig.parameters or any(
+        p.kind == p.VAR_KEYWORD for p in sig.parameters.values())
+    params = list(sig.parameters.values())
+    if not takes_state:
+        state_param = inspect.Parameter("state", inspect.Parameter.KEYWORD_ONLY, default=None)
+        var_kw = [p for p in params if p.kind == p.VAR_KEYWORD]
+        params = [p for p in params if p.kind != p.VAR_KEYWORD] + [state_param] + var_kw
+    name = getattr(func, "__name__", type(func).__name__)
+
+    @functools.wraps(func)
+    async def wrapper(*args, **kwargs):
+        state = kwargs.get("state") if takes_state else kwargs.pop("state", None)
+        try:
+            value = func(*args, **kwargs)
+            if inspect.isawaitable(value):
+                value = await value
+            return value
+        except Exception as exc:
+            if isinstance(state, dict):
+                message = f"reward function {name} raised {type(exc).__name__}: {exc}"
+                state.setdefault(REWARD_ERRORS_KEY, []).append(message)
+            raise
+
+    wrapper.__signature__ = sig.replace(parameters=params)
+    wrapper._vf_rl_wrapped = True
+    return wrapper
+
+
+def _instrument_rubric(rubric: Any) -> None:
+    """Wrap the per-rollout reward functions of ``rubric`` (and of the rubrics it groups) so
+    that their exceptions reach vf-rl's error count; group reward functions are left as is."""
+    if rubric is None:
+        return
+    for child in getattr(rubric, "rubrics", None) or []:
+        _instrument_rubric(child)
+    funcs = getattr(rubric, "funcs", None)
+    if not isinstance(funcs, list):
+        return
+    is_group = getattr(rubric, "_is_group_func", lambda f: False)
+    for i, func in enumerate(funcs):
+        if callable(func) and not is_group(func):
+            funcs[i] = _wrap_reward_func(func)
+
+
+def _plain(value: Any) -> Any:
+    """pydantic messages / nested containers -> plain JSON-like Python objects."""
+    if hasattr(value, "model_dump"):
+        return _plain(value.model_dump(exclude_none=True))
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _error_text(error: Any) -> str | None:
+    if error is None:
+        return None
+    if isinstance(error, dict):
+        return f"{error.get('error', 'Error')}: {error.get('message', '')}".rstrip(": ")
+    return str(error)
+
+
+class VerifiersEnvironment:
+    """vf-rl's environment interface over a classic environment of the ``verifiers`` package.
+
+    Args:
+        env: a ``verifiers`` ``Environment`` (``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``...).
+    Raises:
+        VerifiersError: the object is a v1 environment or its package version is unsupported.
+    """
+
+    def __init__(self, env: Any):
+        self.api = verifiers_api(env)
+        self.version = verifiers_version()
+        check_supported(self.api or "classic", self.version)
+        if not hasattr(env, "run_group"):
+            raise VerifiersError(f"{type(env).__name__} (verifiers {self.version}) has no run_group(); "
+                                 f"return an Environment (vf.SingleTurnEnv, vf.MultiTurnEnv, ...)")
+        message_type = getattr(env, "message_type", "chat")
+        if message_type not in (None, "chat"):
+            raise VerifiersError(f"{type(env).__name__}: message_type={message_type!r} is not supported; "
+                                 f"vf-rl runs verifiers environments through chat completions only")
+        warning = check_console_scripts()
+        if warning:
+            logger.warning(warning)
+        self.env = env
+        self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
+        _instrument_rubric(getattr(env, "rubric", None))
+        self._client_cache: tuple[Any, Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"VerifiersEnvironment({type(self.env).__name__}, verifiers {self.version})"
+
+    # --- rows ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _rows(dataset):
+        if "answer" not in dataset.column_names:
+            dataset = dataset.add_column("answer", [""] * len(dataset))
+        return dataset
+
+    def get_dataset(self, n: int = -1):
+        """Training rows from the environment's own dataset (``prompt`` chat messages,
+        ``answer``, ``info``, ``example_id``); its eval dataset when it has none."""
+        if self.env.build_dataset() is None:
+            return self.get_eval_dataset(n)
+        return self._rows(self.env.get_dataset(n))
+
+    def get_eval_dataset(self, n: int = -1):
+        """Evaluation rows from the environment's own eval dataset (its training rows when it
+        has none)."""
+        return self._rows(self.env.get_eval_dataset(n))
+
+    # --- rollouts --------------------------------------------------------------------------
+
+    def _client(self, client):
+        """vf-rl's ``AsyncOpenAI`` wrapped in verifiers' chat-completions client (cached)."""
+        if self._client_cache is None or self._client_cache[0] is not client:
+            import verifiers as vf
+
+            self._client_cache = (client, vf.OpenAIChatCompletionsClient(client))
+        return self._client_cache[1]
+
+    @staticmethod
+    def _sampling(args: dict) -> dict:
+        """Ask vLLM for the token ids and log-probs the trainer needs."""
+        args = dict(args)
+        args["logprobs"] = True
+        args["extra_body"] = {"return_token_ids": True, "skip_special_tokens": False,
+                              **(args.get("extra_body") or {})}
+        return args
+
+    @staticmethod
+    def _input(row: dict, index: int) -> dict:
+        info = row.get("info") or {}
+        if isinstance(info, str):
+            info = json.loads(info) if info.strip() else {}
+        example_id = row.get("example_id")
+        return {"prompt": [dict(m) for m in row["prompt"]],
+                "example_id": int(example_id) if isinstance(example_id, int) else index,
+                "answer": row.get("answer") or "", "info": info}
+
+    def _to_rollout(self, output: dict, row: dict, index: int) -> Rollout:
+        """One verifiers ``RolloutOutput`` -> a vf-rl :class:`Rollout` (one Turn per step)."""
+        rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
+                          answer=row.get("answer"), info=dict(self._input(row, index)["info"]),
+                          task=row.get("task"))
+        rollout.completion = _plain(output.get("completion") or [])
+        rollout.is_truncated = bool(output.get("is_truncated", False))
+        rollout.metrics = {k: float(v) for k, v in (output.get("metrics") or {}).items()
+                           if isinstance(v, (int, float))}
+        rollout.reward = float(output.get("reward") or 0.0)
+        rollout.state = {"stop_condition": output.get("stop_condition")}
+        error = _error_text(output.get("error"))
+        reward_errors = output.get(REWARD_ERRORS_KEY) or []
+        if error is None and reward_errors:
+            error = "; ".join(reward_errors)
+        for step in output.get("trajectory") or []:
+            tokens = step.get("tokens") if isinstance(step, dict) else None
+            if not tokens:
+                error = error or "verifiers returned a trajectory step without token ids (is the server vf-vllm?)"
+                break
+            if tokens.get("overlong_prompt"):
+                rollout.is_truncated = True
+                break
+            mask = tokens.get("completion_mask") or []
+            if mask and not all(mask):
+                error = error or "verifiers masked completion tokens (completion_mask), which vf-rl cannot train yet"
+                break
+            ids, logprobs = list(tokens["completion_ids"]), [float(x) for x in tokens["completion_logprobs"]]
+            if len(ids) != len(logprobs):
+                error = error or f"trajectory step has {len(ids)} token ids but {len(logprobs)} logprobs"
+                break
+            rollout.turns.append(Turn(list(tokens["prompt_ids"]), ids, logprobs))
+        if error is not None:
+            rollout.error, rollout.reward = error, 0.0
+        return rollout
+
+    async def _group(self, vf_client, model: str, row: dict, index: int, r: int, sampling_args: dict,
+                     semaphore: asyncio.Semaphore, deadline: float | None, on_done) -> list[Rollout]:
+        """One ``run_group`` of ``r`` rollouts of ``row``; past ``deadline`` (the event loop's
+        clock) or on any exception every rollout of the group is an error with reward 0."""
+        inputs = [self._input(row, index) for _ in range(r)]
+        async with semaphore:
+            try:
+                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
+                outputs = await asyncio.wait_for(self.env.run_group(
+                    inputs, vf_client, model, sampling_args, max_retries=0,
+                    state_columns=["trajectory", REWARD_ERRORS_KEY]), left)
+                rollouts = [self._to_rollout(o, row, index) for o in outputs]
+            except Exception as exc:  # the whole group failed: errors, training goes on
+                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+                    exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
+                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                rollouts = []
+                for _ in range(r):
+                    rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
+                                      answer=row.get("answer"), task=row.get("task"))
+                    rollout.error = text
+                    rollouts.append(rollout)
+        if on_done is not None:
+            for rollout in rollouts:
+                on_done(rollout)
+        return rollouts
+
+    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
+                       sampling_args: dict, max_concurrent: int = 1024,
+                       timeout: float | None = None, on_done=None) -> list[Rollout]:
+        """Roll out every row ``rollouts_per_example`` times through ``env.run_group``.
+
+        Args:
+            client: vf-rl's ``openai.AsyncOpenAI`` for the vf-vllm server.
+            rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``example_id``).
+            sampling_args: chat-completion arguments, merged over the environment's own;
+                ``logprobs`` and ``extra_body.return_token_ids`` are always requested.
+            max_concurrent: rollouts in flight at once (whole groups are started).
+            timeout: seconds allowed for the whole call (``None``: unlimited); groups not
+                finished by then are errors.
+            on_done: called with each rollout as its group finishes.
+        Returns:
+            ``len(rows) * rollouts_per_example`` rollouts grouped per row; each model call of a
+            rollout is one :class:`Turn` with vLLM's token ids and sampling log-probs. A
+            rollout whose rollout, reward function or group raised has ``error`` set and reward 0.
+        """
+        args = self._sampling({**self.sampling_args, **sampling_args})
+        vf_client = self._client(client)
+        semaphore = asyncio.Semaphore(max(1, max_concurrent // max(1, rollouts_per_example)))
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        groups = await asyncio.gather(*(
+            self._group(vf_client, model, row, i, rollouts_per_example, args, semaphore, deadline, on_done)
+            for i, row in enumerate(rows)))
+        return [rollout for group in groups for rollout in group]

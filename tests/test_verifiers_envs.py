@@ -1,0 +1,242 @@
+"""Environments written for the real `verifiers` package (classic API, 0.2.1-0.3.x), loaded by
+id and trained unchanged through its own `run_group`: rows, token ids and sampling log-probs,
+rewards per reward function, errors, and the built-in twin agreeing on rewards.
+
+The environment modules in tests/verifiers_envs/ use only `import verifiers as vf` and `datasets`.
+The package is required, not skipped: scripts/setup.sh installs it (scripts/install_verifiers.sh).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import assert_rollouts_well_formed, free_port, write_cpu_config
+
+from vf_rl.envs import load_environment
+from vf_rl.envs.registry import find_environment
+from vf_rl.envs.verifiers_adapter import (
+    VerifiersEnvironment,
+    VerifiersError,
+    check_console_scripts,
+    check_supported,
+    verifiers_api,
+)
+from vf_rl.trainer.batching import rollout_to_samples
+
+ENVS = Path(__file__).resolve().parent / "verifiers_envs"
+
+
+@pytest.fixture
+def vf_envs_on_path(monkeypatch):
+    monkeypatch.syspath_prepend(str(ENVS))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
+
+
+def test_verifiers_modules_load_by_id(vf_envs_on_path):
+    env = load_environment("someone/vfx-reverse-text")
+    assert isinstance(env, VerifiersEnvironment) and env.api == "classic"
+    row = env.get_dataset()[0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert row["answer"] == row["question"][::-1]
+    guess = load_environment("vfx-guess-number", num_examples=4)
+    assert len(guess.get_dataset()) == 4 and guess.get_dataset()[0]["info"]["low"] == 1
+    assert type(load_environment("vfx_calculator").env).__name__ == "ToolEnv"
+
+
+def test_v1_and_unsupported_versions_are_refused():
+    import verifiers.v1 as v1
+
+    class Tasks(v1.Taskset):
+        def load(self):
+            return []
+
+    assert verifiers_api(Tasks(v1.TasksetConfig())) == "v1"
+    with pytest.raises(VerifiersError, match="v1 environments .* cannot be trained"):
+        VerifiersEnvironment(Tasks(v1.TasksetConfig()))
+    for version in ("0.1.14", "0.4.0"):
+        with pytest.raises(VerifiersError, match=f"verifiers {version} is not supported"):
+            check_supported("classic", version)
+    check_supported("classic", "0.2.1")
+    check_supported("classic", "0.3.1")
+
+
+def test_env_id_precedence_and_error(tmp_path, monkeypatch):
+    assert find_environment("primeintellect/reverse-text") == ("vf_rl.environments.reverse_text", "built-in")
+    (tmp_path / "reverse_text.py").write_text("def load_environment(**kw):\n    return 'from cwd'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # load_environment puts the cwd on it
+    monkeypatch.delitem(sys.modules, "reverse_text", raising=False)
+    assert find_environment("reverse-text") == ("reverse_text", "cwd")  # console scripts do not put cwd on sys.path
+    try:
+        assert load_environment("reverse-text") == "from cwd"
+    finally:  # later tests must get the built-in again
+        sys.modules.pop("reverse_text", None)
+    with pytest.raises(ValueError) as err:
+        find_environment("owner/no-such-env")
+    assert "tried module 'no_such_env' on sys.path" in str(err.value) and "built-in environments: " in str(err.value)
+
+
+def test_console_script_shadowing_is_reported(tmp_path):
+    (tmp_path / "vf-rl").write_text("from vf_rl.cli.launch import main\n")
+    assert check_console_scripts(tmp_path) is None
+    (tmp_path / "vf-eval").write_text("from verifiers.legacy.scripts.eval import main\n")
+    message = check_console_scripts(tmp_path)
+    assert message.startswith("vf-eval in") and "force-reinstall" in message
+    ours = Path(sys.executable).parent / "vf-eval"
+    if ours.is_file():  # scripts/setup.sh restores vf-rl's scripts after installing verifiers
+        assert "vf_rl" in ours.read_text()
+
+
+def test_builtin_reverse_text_twin_gives_the_same_reward(vf_envs_on_path):
+    """The same completions get the same reward from the verifiers-written reverse-text (its
+    real XMLParser and reward function) and from vf-rl's built-in reverse-text."""
+    from vf_rl.environments.reverse_text import load_environment as builtin_reverse_text
+
+    def reward_funcs(rubric):
+        for child in getattr(rubric, "rubrics", None) or []:
+            yield from reward_funcs(child)
+        yield from getattr(rubric, "funcs", None) or []
+
+    theirs_func = next(f for f in reward_funcs(load_environment("vfx-reverse-text").env.rubric)
+                       if f.__name__ == "lcs_reward_func")
+    ours = builtin_reverse_text(source="offline").rubric
+    answer = "egdirb wodniw nomel"
+    for text in ["<reversed_text>egdirb wodniw nomel</reversed_text>", "<reversed_text>\negdirb wdniw\n</reversed_text>",
+                 "no tags at all",
+                 "<think>hm</think>\n<reversed_text>lemon</reversed_text>"]:
+        completion = [{"role": "assistant", "content": text}]
+        expected = asyncio.run(theirs_func(completion=completion, answer=answer, state={}))
+        assert asyncio.run(ours.score(prompt=[], completion=completion, answer=answer))[0] == pytest.approx(expected)
+    # the known differences of vf-rl's XMLParser: an unclosed tag (a truncated reply) scores 0 in
+    # verifiers; of two blocks in one message verifiers reads the first, vf-rl the last
+    for text in ["<reversed_text>egdirb wod", "<reversed_text>x</reversed_text> <reversed_text>egdirb</reversed_text>"]:
+        completion = [{"role": "assistant", "content": text}]
+        assert asyncio.run(theirs_func(completion=completion, answer=answer, state={})) == 0.0
+        assert asyncio.run(ours.score(prompt=[], completion=completion, answer=answer))[0] > 0.0
+
+
+@pytest.mark.server
+def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
+    from openai import AsyncOpenAI
+
+    from vf_rl.environments.reverse_text import load_environment as builtin_reverse_text
+
+    def generate(env, rows, r, sampling):
+        """env.generate on a client of its own event loop (an AsyncOpenAI's connections belong to
+        the loop that opened them)."""
+        async def run():
+            client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+            try:
+                return await env.generate(client, server.model, rows, r, sampling)
+            finally:
+                await client.close()
+        return asyncio.run(run())
+
+    sampling = {"max_tokens": 24, "temperature": 1.0}
+
+    # single-turn: token ids and log-probs per turn; our built-in twin gives the same reward
+    env = load_environment("vfx-reverse-text")
+    rows = [env.get_dataset()[i] for i in range(2)]
+    rollouts = generate(env, rows, 4, sampling)
+    assert len(rollouts) == 8 and [r.example_id for r in rollouts] == [0] * 4 + [1] * 4
+    assert_rollouts_well_formed(rollouts, max_turns=1)
+    twin = builtin_reverse_text(source="offline", few_shot=2)
+    agree = differ = 0
+    for r in rollouts:
+        assert set(r.metrics) == {"lcs_reward_func", "num_turns"} and r.reward == pytest.approx(r.metrics["lcs_reward_func"])
+        ours, _ = asyncio.run(twin.rubric.score(prompt=r.prompt, completion=r.completion, answer=r.answer))
+        if r.completion[-1]["content"].count("</reversed_text>") == 1:
+            assert ours == pytest.approx(r.reward, abs=1e-12)
+            agree += 1
+        else:  # known differences (unclosed tag, several blocks): see the test above
+            differ += ours != r.reward
+    print(f"reverse-text: {agree} closed-tag rollouts agree; {differ} others differ;",
+          [round(r.reward, 3) for r in rollouts])
+
+    # a reward function that raises: counted as the rollout's error, the others go on
+    raising = load_environment("vfx-reverse-text", raise_in_reward=True)
+    rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
+    rollouts = generate(raising, rows, 2, sampling)
+    assert all("reward function lcs_reward_func raised RuntimeError: odd-length text" in (r.error or "")
+               for r in rollouts[:2]), [(r.error, r.reward, r.metrics) for r in rollouts]
+    assert all(r.reward == 0.0 for r in rollouts[:2])
+    assert_rollouts_well_formed(rollouts[2:], max_turns=1)
+
+    # multi-turn: a @vf.stop condition, per-example info; turns extend one another
+    guess = load_environment("vfx-guess-number", num_examples=2, max_turns=3)
+    rows = [guess.get_dataset()[i] for i in range(2)]
+    rollouts = generate(guess, rows, 4, sampling)
+    assert_rollouts_well_formed(rollouts, max_turns=3, max_reward=1.2)
+    assert all(set(r.metrics) == {"solved", "in_range", "num_turns"} for r in rollouts)
+    assert any(len(r.turns) > 1 for r in rollouts), "no rollout went past the first turn"
+    for r in rollouts:
+        samples = rollout_to_samples(r.turns, 0.0, 4096)
+        assert sum(sum(s.loss_mask) for s in samples) == sum(len(t.completion_ids) for t in r.turns)
+
+    # tools: the environment's own tool loop and its tool-call metrics
+    calc = load_environment("vfx-calculator")
+    rows = [calc.get_dataset()[i] for i in range(2)]
+    rollouts = generate(calc, rows, 2, {"max_tokens": 48, "temperature": 1.0})
+    assert_rollouts_well_formed(rollouts, max_turns=3)
+    assert all({"correct", "total_tool_calls", "add_calls"} <= set(r.metrics) for r in rollouts)
+
+
+@pytest.mark.server
+def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path):
+    out = tmp_path / "eval.jsonl"
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "vfx-guess-number", "-m", server.model,
+                             "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", "16",
+                             "-a", '{"max_turns": 2}', "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "reward/solved" in result.stdout and "reward/in_range" in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(records) == 4 and all(r["completion"][0]["role"] == "assistant" for r in records)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("env_id,env_args,metrics", [
+    ("you/vfx-guess-number", {"num_examples": 8, "max_turns": 2}, {"reward/solved", "reward/in_range"}),
+    ("vfx_calculator", {"max_turns": 2}, {"reward/correct", "reward/total_tool_calls", "reward/add_calls"}),
+], ids=["multi-turn", "tools"])
+def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights,
+                                        env_id, env_args, metrics):
+    """`vf-train @ cfg`: two steps on a multi-turn and a tool environment of the real package; the
+    environment's own reward functions are logged, and vLLM's sampling log-probs reach the loss
+    (an importance ratio near 1 on the first steps; zeros or misaligned log-probs would not be)."""
+    from test_algorithm import run_vf_train
+
+    out = tmp_path / "run"
+    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, server.port, env_id=env_id,
+                              env_args=env_args, run_name="vfx", micro_batch_size=8, rollouts_per_example=4,
+                              batch_size=8, max_steps=2, max_tokens=16, save_steps=50)
+    steps = run_vf_train(config, out)
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert metrics <= set(r), sorted(r)
+        assert r["tokens/loss"] > 0 and 0.5 < r["importance_ratio"] < 2.0, r
+
+
+@pytest.mark.server
+def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
+    """`vf-rl @ config.toml` (real tmux, its own server) on an unchanged verifiers module."""
+    out = tmp_path / "run"
+    session = f"vf-rl-verifiers-{free_port()}"
+    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, free_port(), env_id="you/vfx-reverse-text",
+                              env_args={"few_shot": 2}, inference_args={"enforce_eager": True, "max_model_len": 512},
+                              run_name="vfx", micro_batch_size=8, rollouts_per_example=4, batch_size=8,
+                              max_steps=2, max_tokens=16, save_steps=50)
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
+                            capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    log = out / "logs" / "trainer.log"
+    assert result.returncode == 0, (result.stdout, result.stderr, log.read_text()[-3000:] if log.exists() else "")
+    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:  # the env's own reward function (often 0 for a 135M model in 16 tokens)
+        assert 0 <= r["reward/lcs_reward_func"] <= 1 and r["tokens/loss"] > 0, r
+        assert 0.5 < r["importance_ratio"] < 2.0, r
