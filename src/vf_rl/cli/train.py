@@ -57,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_SERVER_GONE
+    except PermissionError as exc:  # the server refused our weight-update secret
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("vf-train: interrupted (Ctrl-C); the last complete checkpoint is kept", file=sys.stderr)
         return EXIT_INTERRUPTED
