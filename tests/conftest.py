@@ -44,12 +44,12 @@ class Server:
         self.base_url = f"http://127.0.0.1:{port}"
 
 
-def start_server(model_dir: Path, workdir: Path, *extra: str):
-    """Start a real vf-vllm (vLLM CPU build) serving ``model_dir`` on a free port; yield a
-    :class:`Server`, then stop it."""
+def start_server(model_dir: Path, workdir: Path, *extra: str, env: dict | None = None):
+    """Start a real vf-vllm (vLLM CPU build) serving ``model_dir`` on a free port (``env`` added
+    to its environment); yield a :class:`Server`, then stop it."""
     port = free_port()
     log = workdir / "server.log"
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1", **(env or {})}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", *extra]
     with log.open("w") as out:

@@ -51,6 +51,21 @@ def test_routes_need_the_secret_when_one_is_set(app, monkeypatch):
     assert client.post("/reset_prefix_cache").status_code == 200  # loopback default: no secret
 
 
+def test_the_secret_can_come_from_a_file(app, monkeypatch, tmp_path):
+    from vf_rl.inference.routes import weight_secret
+
+    client = TestClient(app)
+    (tmp_path / "secret").write_text("from-a-file\n")
+    monkeypatch.delenv("VF_RL_WEIGHT_SECRET", raising=False)
+    monkeypatch.setenv("VF_RL_WEIGHT_SECRET_FILE", str(tmp_path / "secret"))
+    assert weight_secret() == "from-a-file"
+    assert client.post("/reset_prefix_cache").status_code == 401
+    assert client.post("/reset_prefix_cache", headers={SECRET_HEADER: "from-a-file"}).status_code == 200
+    monkeypatch.setenv("VF_RL_WEIGHT_SECRET_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="VF_RL_WEIGHT_SECRET_FILE: .*missing is missing or empty"):
+        weight_secret()
+
+
 def test_beyond_loopback_both_panes_share_a_generated_secret(tmp_path):
     path = tmp_path / "c.toml"
     path.write_text('''model = "Qwen/Qwen3-0.6B"

@@ -109,15 +109,16 @@ def max_logprob_diff(model, server, env, tokenizer, served_name=None) -> float:
     return (mine - theirs).abs().max().item()
 
 
-@pytest.mark.parametrize("transport", ["filesystem", "broadcast"])
+@pytest.mark.parametrize("transport", ["filesystem", "upload", "broadcast"])
 def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokenizer, tmp_path, transport):
-    """Both merged-weight transports: a safetensors file, and the NCCL transport's protocol
-    (group, buckets, HTTP announcement, reload) over gloo, the CPU backend of the same code."""
+    """The merged-weight transports: a safetensors file read from our disk or sent in the
+    request (``/upload_weights``, for a server on another host), and the NCCL transport's
+    protocol (group, buckets, HTTP announcement, reload) over gloo, the CPU backend of the same code."""
     policy = trained_lora_policy(server.model)
     original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
     client = InferenceClient(port=server.port)
-    if transport == "filesystem":
-        sync = FilesystemSync(client, tmp_path / "w")
+    if transport in ("filesystem", "upload"):
+        sync = FilesystemSync(client, tmp_path / "w", upload=transport == "upload")
     else:  # 64 MiB buckets: the fp32 135M model goes in several broadcasts
         sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", bucket_bytes=64 << 20, timeout_s=120)
     try:

@@ -114,14 +114,15 @@ def entry_point(name: str, module: str) -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", module]
 
 
-def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tuple[PaneCommand, PaneCommand]:
-    """The two pane commands for ``config``.
+def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
+                   node_rank: int = 0) -> tuple[PaneCommand, PaneCommand]:
+    """The two pane commands for ``config`` (the trainer's for node ``node_rank``).
 
     Args:
         gpus: the visible GPU ids to hand out (contiguously, inference first).
     """
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
-    first_train = 0 if config.inference.shared else n_inf
+    first_train = 0 if config.inference.shared or node_rank > 0 else n_inf  # nodes >= 1 have no server
     inf_gpus, train_gpus = gpus[:n_inf], gpus[first_train:first_train + n_train]
     resolved = resolved_trainer_args(config)
     host, port = server_address(config)
@@ -145,16 +146,30 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str]) -> tu
                                           **lora_env, **secret_env},
                             [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
                              *inference_flags(iargs)])
-    train_argv = [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
-    if n_train > 1:
-        accelerate = entry_point("accelerate", "accelerate.commands.launch")
-        if len(accelerate) == 1:
-            accelerate.append("launch")
-        train_argv = [*accelerate, "--num_processes", str(n_train), "-m", "vf_rl.cli.train", "@", str(config_path)]
     trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1",
                                       **secret_env},
-                          train_argv)
+                          trainer_argv(config, config_path, node_rank))
     return inference, trainer
+
+
+def trainer_argv(config: VfRlConfig, config_path: Path, node_rank: int = 0) -> list[str]:
+    """The trainer's argv on node ``node_rank``: ``vf-train @ cfg`` for one process,
+    ``accelerate launch`` for several (with ``--num_machines``/``--machine_rank`` and node 0's
+    ``main_address`` when ``trainer.nodes > 1``)."""
+    train = ["-m", "vf_rl.cli.train", "@", str(config_path)]
+    if config.trainer.processes == 1:
+        return [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
+    accelerate = entry_point("accelerate", "accelerate.commands.launch")
+    if len(accelerate) == 1:
+        accelerate.append("launch")
+    argv = [*accelerate, "--num_processes", str(config.trainer.processes)]
+    if config.trainer.nodes > 1:
+        host, port = config.trainer.main_address.rsplit(":", 1)
+        argv += ["--num_machines", str(config.trainer.nodes), "--machine_rank", str(node_rank),
+                 "--main_process_ip", host, "--main_process_port", port]
+        if config.trainer.gpus == 0:
+            argv.append("--cpu")
+    return [*argv, *train]
 
 
 SHARED_GPU_MEMORY_UTILIZATION = 0.3
@@ -287,14 +302,41 @@ def wait_for_trainer(server, session_name: str, logs: Path, resume_hint: str, po
     return code
 
 
+def _env_text(env: dict[str, str]) -> str:
+    return " ".join(f"{k}={shlex.quote(v if k != 'VF_RL_WEIGHT_SECRET' else '<generated>')}" for k, v in env.items())
+
+
+def print_commands(config: VfRlConfig, config_path: Path) -> int:
+    """``--print-commands``: one line for the inference server, one per trainer node (each to
+    run on its own machine; node 0 is also what ``vf-rl @ cfg`` starts in tmux)."""
+    gpus = check_gpus(config, visible_gpus(), dry_run=True, config_path=config_path)
+    inference, _ = build_commands(config, config_path, gpus)
+    print(f"# inference server\n{_env_text(inference.env)} {shlex.join(inference.argv)}")
+    for rank in range(config.trainer.nodes):
+        _, trainer = build_commands(config, config_path, gpus, node_rank=rank)
+        print(f"# trainer node {rank} of {config.trainer.nodes}\n{_env_text(trainer.env)} {shlex.join(trainer.argv)}")
+    return 0
+
+
+def run_node(config: VfRlConfig, config_path: Path, node_rank: int, resume: bool) -> int:
+    """``--node-rank K``: run trainer node ``K`` here in the foreground; its exit status."""
+    import subprocess
+
+    gpus = visible_gpus() or []
+    if len(gpus) < config.trainer.gpus:
+        raise ConfigError(f"{config_path}: trainer.gpus = {config.trainer.gpus}, but {len(gpus)} GPUs are visible here")
+    _, trainer = build_commands(config, config_path, gpus, node_rank=node_rank)
+    argv = trainer.argv + (["--resume"] if resume else [])
+    print(f"vf-rl: trainer node {node_rank} of {config.trainer.nodes}: {shlex.join(argv)}", flush=True)
+    return subprocess.run(argv, env={**os.environ, **trainer.env}).returncode
+
+
 def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
     inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=True,
                                                                           config_path=config_path))
     print(f"tmux session: {session_name}")
     for cmd in (inference, trainer):
-        env = " ".join(f"{k}={shlex.quote(v if k != 'VF_RL_WEIGHT_SECRET' else '<generated>')}"
-                       for k, v in cmd.env.items())
-        print(f"[{cmd.title}] {env} {shlex.join(cmd.argv)}")
+        print(f"[{cmd.title}] {_env_text(cmd.env)} {shlex.join(cmd.argv)}")
     print("trainer args (resolved; RLConfig defaults filled in):")
     for key, value in sorted(resolved_trainer_args(config).items()):
         marker = "" if key in config.trainer.args else "  # default"
@@ -323,12 +365,23 @@ def main(argv: list[str] | None = None) -> int:
                             help="resume the trainer from the last checkpoint in output_dir")
         parser.add_argument("--wait", action="store_true",
                             help="block until the trainer ends; exit with its status (for scripts and CI)")
+        parser.add_argument("--print-commands", action="store_true",
+                            help="print the inference server's command and every trainer node's; start nothing")
+        parser.add_argument("--node-rank", type=int, default=None,
+                            help="run only trainer node K here, in the foreground, without tmux or a server (for "
+                                 "SLURM/ssh; `vf-rl @ cfg` alone runs node 0 next to its server in tmux)")
         opts = parser.parse_args(rest)
         config = load_config(config_path)
         try:
             checked = check_inference_args(config.inference.args)
         except ConfigError as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
+        if opts.node_rank is not None and not 0 <= opts.node_rank < config.trainer.nodes:
+            raise ConfigError(f"--node-rank {opts.node_rank}: trainer.nodes = {config.trainer.nodes} in {config_path}")
+        if opts.print_commands:
+            return print_commands(config, config_path)
+        if opts.node_rank is not None:
+            return run_node(config, config_path, opts.node_rank, opts.resume)
         if opts.dry_run:
             if not checked:
                 print("vf-rl: note: vLLM is not installed here; [inference.args] not checked against `vllm serve`",

@@ -65,6 +65,9 @@ def _main(argv: list[str] | None) -> int:
     except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_SERVER_GONE
+    except PermissionError as exc:  # the server refused our weight-update secret
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

@@ -24,6 +24,15 @@ def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
+def _flag_value(argv: list[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
 def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     """The ``vllm serve`` arguments vf-vllm runs for the user's ``argv``."""
     argv = list(argv)
@@ -94,8 +103,21 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
     if _has_flag(argv, "--enable-lora"):  # the trainer hot-loads its adapter (weight_sync = "lora")
         os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+    serve = serve_argv(argv, cpu)
+    host = _flag_value(serve, "--host") or "127.0.0.1"
+    from vf_rl.inference.routes import weight_secret
+
+    try:
+        secret = weight_secret()
+    except ValueError as exc:
+        print(f"vf-vllm: error: {exc}", file=sys.stderr)
+        return 2
+    if host not in ("127.0.0.1", "localhost", "::1") and not secret:
+        print(f"vf-vllm: error: --host {host} makes the weight-update routes reachable from other machines; set "
+              "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
+        return 2
     _vllm_version_fallback()
-    sys.argv = ["vllm", "serve", *serve_argv(argv, cpu)]
+    sys.argv = ["vllm", "serve", *serve]
     print("vf-vllm:", " ".join(sys.argv), flush=True)
     from vllm.entrypoints.cli.main import main as vllm_main
 

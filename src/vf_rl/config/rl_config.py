@@ -68,6 +68,7 @@ class RLConfig(TrainingArguments):
     # Inference server
     vllm_server_host: str = field(default="127.0.0.1", metadata={"help": "Host of the vf-vllm server."})
     vllm_server_port: int = field(default=8000, metadata={"help": "Port of the vf-vllm server."})
+    vllm_server_urls: list[str] | None = field(default=None, metadata={"help": "Several vf-vllm servers, e.g. [\"http://10.0.0.2:8000\", \"http://10.0.0.3:8000\"]: rollouts are spread over them (a group per server, least loaded first) and every weight sync reaches each. Default: the one at vllm_server_host:vllm_server_port."})
     vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
     generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch; rollouts not finished by then count as errors."})
     request_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for one request to the inference server (a chat completion)."})
@@ -129,6 +130,11 @@ class RLConfig(TrainingArguments):
         super().__post_init__()
         if self.world_size > 1:  # known only now
             check_trainer_args(given, self.world_size, has_gpu)
+
+    def server_urls(self) -> list[str]:
+        """Base URLs of the inference servers: ``vllm_server_urls``, or the one server at
+        ``vllm_server_host:vllm_server_port``."""
+        return list(self.vllm_server_urls or [f"http://{self.vllm_server_host}:{self.vllm_server_port}"])
 
     def sampling_args(self) -> dict:
         """OpenAI chat-completion arguments for rollouts (vLLM extras under ``extra_body``)."""

@@ -108,7 +108,7 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
 
     Args:
         args: every RLConfig field with its value as given (derived defaults still ``None``).
-        world_size: trainer processes (``trainer.gpus``, or 1 on the CPU).
+        world_size: trainer processes (``trainer.gpus`` (1 on the CPU) times ``trainer.nodes``).
         has_gpu: the trainer runs on a GPU.
         prefix: put before every key in messages (``"trainer.args."`` for a TOML file).
     Raises:
@@ -129,8 +129,8 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
                           f"({a['rollouts_per_example']})")
     if a["batch_size"] % (a["micro_batch_size"] * world_size):
         raise ConfigError(f"{p}batch_size ({a['batch_size']}) must be divisible by micro_batch_size * "
-                          f"trainer processes (trainer.gpus): {a['micro_batch_size']} * {world_size} = "
-                          f"{a['micro_batch_size'] * world_size}")
+                          f"trainer processes (trainer.gpus * trainer.nodes): {a['micro_batch_size']} * {world_size}"
+                          f" = {a['micro_batch_size'] * world_size}")
     if args.get("max_tokens") is not None and a["max_tokens"] >= a["max_seq_len"]:
         raise ConfigError(f"{p}max_tokens ({a['max_tokens']}) must be below max_seq_len ({a['max_seq_len']}): "
                           "the prompt needs room too")
@@ -169,6 +169,16 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         raise ConfigError(f"{p}weight_sync_port: not a port number: {a['weight_sync_port']}")
     if not 0 < a["vllm_server_port"] < 65536:
         raise ConfigError(f"{p}vllm_server_port: not a port number: {a['vllm_server_port']}")
+    urls = a.get("vllm_server_urls")
+    if urls is not None:
+        import re
+
+        bad = [u for u in urls if not re.fullmatch(r"https?://[^/\s:]+(:\d{1,5})?/?", str(u))]
+        if not urls or bad:
+            raise ConfigError(f"{p}vllm_server_urls: expected a non-empty list of http://host:port URLs, got "
+                              f"{bad[0] if bad else urls!r}")
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"{p}vllm_server_urls: a server is listed twice")
 
 
 REPORT_TO_CHOICES = ("none", "wandb")

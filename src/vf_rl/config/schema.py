@@ -41,8 +41,18 @@ class InferenceSection(_Section):
 
 
 class TrainerSection(_Section):
-    gpus: StrictInt = Field(ge=0, description="GPUs for vf-train (0: run on the CPU).")
+    gpus: StrictInt = Field(ge=0, description="GPUs for vf-train (0: run on the CPU); per node with nodes > 1.")
+    nodes: StrictInt = Field(default=1, ge=1, description="Trainer machines (accelerate multi-node): node 0 runs "
+                             "with `vf-rl @ cfg`, node K with `vf-rl @ cfg --node-rank K`; `--print-commands` "
+                             "prints them all.")
+    main_address: str | None = Field(default=None, description="host:port where node 0 accepts the other trainer "
+                                     "nodes (needed with nodes > 1).")
     args: dict[str, Any] = Field(default_factory=dict, description="RLConfig fields.")
+
+    @property
+    def processes(self) -> int:
+        """Trainer processes in all: ``max(gpus, 1) * nodes``."""
+        return max(self.gpus, 1) * self.nodes
 
 
 class VfRlConfig(_Section):
@@ -107,7 +117,7 @@ def validate_trainer_args(config: "VfRlConfig") -> None:
     check_types(config.trainer.args, trainer_fields(), prefix="trainer.args.")
     args = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
     args.update(config.trainer.args)
-    check_trainer_args(args, world_size=max(config.trainer.gpus, 1), has_gpu=config.trainer.gpus > 0,
+    check_trainer_args(args, world_size=config.trainer.processes, has_gpu=config.trainer.gpus > 0,
                        prefix="trainer.args.")
     validate_layout(config, resolved_trainer_args(config))
 
@@ -128,6 +138,12 @@ def validate_layout(config: "VfRlConfig", a: dict[str, Any]) -> None:
     if kind == "nccl" and shared:
         raise ConfigError("trainer.args.weight_sync = 'nccl' cannot work with inference.shared = true (NCCL cannot "
                           "connect two ranks on one GPU); use 'filesystem' or 'lora'")
+    if config.trainer.nodes > 1:
+        import re
+
+        if not config.trainer.main_address or not re.fullmatch(r"[^\s:]+:\d{1,5}", config.trainer.main_address):
+            raise ConfigError(f"trainer.main_address: nodes = {config.trainer.nodes} needs node 0's address as "
+                              f"\"host:port\" (got {config.trainer.main_address!r})")
     port = config.inference.args.get("port")
     if port is not None and port != a["vllm_server_port"]:
         raise ConfigError(f"inference.args.port ({port}) differs from trainer.args.vllm_server_port "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import httpx
 
-from .routes import SECRET_HEADER
+from .routes import SECRET_HEADER, weight_secret
 from .supervision import check_server_alive
 
 KEEPALIVE_EXPIRY_S = 1.0
@@ -37,14 +36,14 @@ class InferenceClient:
     """Client for one vf-vllm server.
 
     Args:
-        host, port: where vf-vllm listens.
+        host, port: where vf-vllm listens (or ``url``, e.g. ``http://10.0.0.2:8000``).
         timeout: seconds allowed for one weight update.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout: float = 300.0):
-        self.base_url = f"http://{host}:{port}"
+    def __init__(self, host: str = "127.0.0.1", port: int = 8000, timeout: float = 300.0, url: str | None = None):
+        self.base_url = (url or f"http://{host}:{port}").rstrip("/")
         headers = {}
-        if secret := os.environ.get("VF_RL_WEIGHT_SECRET"):
+        if secret := weight_secret():
             headers[SECRET_HEADER] = secret
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, limits=HTTP_LIMITS)
 
@@ -76,8 +75,14 @@ class InferenceClient:
         except httpx.HTTPError:
             return False
 
+    def _check(self, route: str, response: httpx.Response) -> None:
+        if response.status_code == 401:
+            raise PermissionError(f"vf-vllm at {self.base_url} refused {route}: missing or wrong weight-update secret "
+                                  "(set the same VF_RL_WEIGHT_SECRET or VF_RL_WEIGHT_SECRET_FILE for vf-vllm and vf-train)")
+
     def _post(self, route: str, json: dict | None = None) -> dict:
         response = self.http.post(route, json=json or {})
+        self._check(route, response)
         if response.status_code != 200:
             raise RuntimeError(f"vf-vllm {route} failed ({response.status_code}): {response.text[:500]}")
         try:
@@ -88,15 +93,19 @@ class InferenceClient:
     def weight_sync_info(self) -> dict:
         """``{"workers": int, "devices": [GPU UUID or "cpu", one per vLLM worker]}``."""
         response = self.http.get("/weight_sync_info")
+        self._check("/weight_sync_info", response)
         if response.status_code != 200:
             raise RuntimeError(f"vf-vllm /weight_sync_info failed ({response.status_code}): {response.text[:500]} "
                                "(is the server vf-vllm, not plain vllm serve?)")
         return response.json()
 
-    def init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
-        """Make every vLLM worker join the trainer's broadcast group (returns when all joined)."""
+    def init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+                       rank_offset: int = 0) -> dict:
+        """Make every vLLM worker join the trainer's broadcast group (returns when all joined);
+        worker ``i`` takes rank ``rank_offset + 1 + i``."""
         return self._post("/init_weight_broadcast", {"host": host, "port": port, "world_size": world_size,
-                                                     "backend": backend, "timeout_s": timeout_s})
+                                                     "backend": backend, "timeout_s": timeout_s,
+                                                     "rank_offset": rank_offset})
 
     def update_weights_broadcast(self, buckets: list[dict]) -> dict:
         """Announce a broadcast weight update (``Bucket.to_json()`` per bucket); returns when
@@ -124,6 +133,21 @@ class InferenceClient:
         """Make the server reload its weights from safetensors at ``path`` (a path the server
         can read) and reset its prefix cache. Returns the workers' reports."""
         return self._post("/update_weights", {"path": str(path)})
+
+    def upload_weights(self, path: str) -> dict:
+        """Send the safetensors file at ``path`` in the request body; the server reloads it like
+        :meth:`update_weights` (for a server on another host, with no shared filesystem)."""
+        with open(path, "rb") as f:
+            response = self.http.post("/upload_weights", content=f)
+        self._check("/upload_weights", response)
+        if response.status_code != 200:
+            raise RuntimeError(f"vf-vllm /upload_weights failed ({response.status_code}): {response.text[:500]}")
+        return response.json()
+
+    @property
+    def is_local(self) -> bool:
+        """The server listens on this machine's loopback address (it can read our files)."""
+        return httpx.URL(self.base_url).host in ("127.0.0.1", "localhost", "::1")
 
     def reset_prefix_cache(self) -> None:
         self._post("/reset_prefix_cache")

@@ -8,11 +8,15 @@ Routes (all JSON):
                               -> every worker joins the trainer's broadcast group
     POST /update_weights_broadcast {"buckets": [Bucket.to_json(), ...]}
                               -> every worker receives the buckets the trainer broadcasts, reloads
+    POST /upload_weights      (body: one .safetensors file) -> the same reload, for a trainer on
+                              another host that shares no filesystem with the server
     POST /reset_prefix_cache  -> drop cached KV blocks computed with old weights
 
-If the environment variable ``VF_RL_WEIGHT_SECRET`` is set, the update routes require the
-header ``X-VF-RL-Secret`` with that value (``vf-rl`` sets it when the server listens beyond
-loopback). vLLM's dev-mode routes (``/collective_rpc``...) are never needed.
+If a secret is set (``VF_RL_WEIGHT_SECRET``, or a file named by ``VF_RL_WEIGHT_SECRET_FILE``),
+every route here requires the header ``X-VF-RL-Secret`` with that value (``vf-rl`` generates
+one when the server listens beyond loopback, and ``vf-vllm`` refuses to listen beyond loopback
+without one). vLLM's OpenAI routes keep vLLM's own ``--api-key``. vLLM's dev-mode routes
+(``/collective_rpc``...) are never needed.
 """
 
 from __future__ import annotations
@@ -25,15 +29,36 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 SECRET_HEADER = "X-VF-RL-Secret"
-ROUTES = {("GET", "/weight_sync_info"), ("POST", "/update_weights"),
+ROUTES = {("GET", "/weight_sync_info"), ("POST", "/update_weights"), ("POST", "/upload_weights"),
           ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/reset_prefix_cache")}
+
+
+def weight_secret() -> str | None:
+    """The shared secret of the weight-update routes: ``VF_RL_WEIGHT_SECRET``, else the first
+    line of the file ``VF_RL_WEIGHT_SECRET_FILE`` names, else ``None`` (no secret).
+
+    Raises:
+        ValueError: ``VF_RL_WEIGHT_SECRET_FILE`` names a missing or empty file.
+    """
+    if secret := os.environ.get("VF_RL_WEIGHT_SECRET"):
+        return secret
+    path = os.environ.get("VF_RL_WEIGHT_SECRET_FILE")
+    if not path:
+        return None
+    try:
+        secret = Path(path).expanduser().read_text().strip().splitlines()[0].strip()
+    except (OSError, IndexError):
+        secret = ""
+    if not secret:
+        raise ValueError(f"VF_RL_WEIGHT_SECRET_FILE: {path} is missing or empty")
+    return secret
 
 
 async def weight_sync_routes(request: Request, call_next):
     """ASGI HTTP middleware: answer vf-rl's routes, pass everything else to vLLM."""
     if (request.method, request.url.path) not in ROUTES:
         return await call_next(request)
-    secret = os.environ.get("VF_RL_WEIGHT_SECRET")
+    secret = weight_secret()
     if secret and not hmac.compare_digest(request.headers.get(SECRET_HEADER, ""), secret):
         return JSONResponse({"error": f"missing or wrong {SECRET_HEADER} header"}, status_code=401)
     engine = request.app.state.engine_client
@@ -45,12 +70,15 @@ async def weight_sync_routes(request: Request, call_next):
         if path == "/weight_sync_info":
             devices = await engine.collective_rpc("vf_device_uuid")
             return JSONResponse({"workers": len(devices), "devices": devices})
+        if path == "/upload_weights":
+            return await _upload_weights(request, engine)
         body = await request.json()
         if path == "/init_weight_broadcast":
             keys = ("host", "port", "world_size", "backend", "timeout_s")
             if not isinstance(body, dict) or any(k not in body for k in keys):
                 return JSONResponse({"error": f"body needs keys {list(keys)}"}, status_code=400)
-            results = await engine.collective_rpc("vf_init_broadcast", args=tuple(body[k] for k in keys))
+            args = (*(body[k] for k in keys), int(body.get("rank_offset", 0)))
+            results = await engine.collective_rpc("vf_init_broadcast", args=args)
             return JSONResponse({"status": "ok", "workers": results})
         if path == "/update_weights_broadcast":
             if not isinstance(body, dict) or not isinstance(body.get("buckets"), list):
@@ -72,3 +100,24 @@ async def weight_sync_routes(request: Request, call_next):
             hint = (" (this vLLM cannot reload full weights into a server started with --enable-lora: use "
                     "weight_sync = 'lora', or start vf-vllm without --enable-lora)")
         return JSONResponse({"error": f"{type(exc).__name__}: {exc}{hint}"}, status_code=500)
+
+
+async def _upload_weights(request: Request, engine) -> JSONResponse:
+    """``POST /upload_weights``: the request body is one safetensors file; written to a temporary
+    directory, reloaded by every worker like ``/update_weights``, then deleted."""
+    import shutil
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="vf-rl-upload-"))
+    try:
+        path = directory / "model.safetensors"
+        with path.open("wb") as f:
+            async for chunk in request.stream():
+                f.write(chunk)
+        if path.stat().st_size == 0:
+            return JSONResponse({"error": "empty body: POST the safetensors file"}, status_code=400)
+        results = await engine.collective_rpc("vf_reload_weights", args=(str(path),))
+        await engine.reset_prefix_cache()
+        return JSONResponse({"status": "ok", "workers": results})
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -62,15 +62,19 @@ class WeightSyncExtension:
         per_engine = tp.world_size * pp.world_size
         return 1 + parallel.data_parallel_rank * per_engine + pp.rank_in_group * tp.world_size + tp.rank_in_group
 
-    def vf_init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float) -> dict:
+    def vf_init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+                          rank_offset: int = 0) -> dict:
         """Join the trainer's weight-broadcast group (blocks until every member has joined).
 
+        Args:
+            rank_offset: added to this worker's rank: the workers of earlier servers when one
+                group spans several servers.
         Returns ``{"rank": int, "device": str}``."""
         from .communicator import BroadcastGroup
 
         if getattr(self, "_vf_group", None) is not None:
             self._vf_group.close()
-        rank = self.vf_broadcast_rank()
+        rank = self.vf_broadcast_rank() + rank_offset
         device = self.device if backend == "nccl" else None
         self._vf_group = BroadcastGroup(host, port, rank, world_size, backend, timeout_s, device=device)
         return {"rank": rank, "device": str(self._vf_group.device)}

@@ -65,7 +65,9 @@ class Orchestrator:
     Args (keyword-only after ``rows``):
         env: the environment.
         rows: training rows (dicts with ``prompt``, ``answer``...), already shuffled/filtered.
-        base_url: the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``.
+        base_url: the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``, or a list of
+            several: each group of rollouts goes to the active server with the fewest rollouts
+            in flight (a group stays on one server, so its prompt is cached once).
         model_name: the model name the server serves.
         batch_size: rollouts per batch; ``batch_size // rollouts_per_example`` rows each.
         rollouts_per_example: rollouts per prompt (the group size).
@@ -81,7 +83,8 @@ class Orchestrator:
         mask_env_responses: environment-written tokens get no loss (multi-turn).
     """
 
-    def __init__(self, env: Environment, rows: list[dict], *, base_url: str, model_name: str, batch_size: int,
+    def __init__(self, env: Environment, rows: list[dict], *, base_url: str | list[str], model_name: str,
+                 batch_size: int,
                  rollouts_per_example: int, sampling_args: dict, max_seq_len: int,
                  advantage_fn: AdvantageFn = group_mean, max_concurrent: int = 1024, generation_timeout: float = 600.0,
                  request_timeout: float = 600.0, mask_truncated_completions: bool = False,
@@ -100,10 +103,18 @@ class Orchestrator:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vf-rl-orchestrator", daemon=True)
         self._thread.start()
-        self.client = self._call(self._make_client(base_url, api_key, request_timeout))
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.clients = [self._call(self._make_client(url, api_key, request_timeout)) for url in urls]
+        self.active = set(range(len(self.clients)))  # servers with the current weights, answering
+        self._in_flight = [0] * len(self.clients)
 
     async def _make_client(self, base_url: str, api_key: str, request_timeout: float):
         return openai_client(base_url, api_key, request_timeout)
+
+    def set_active(self, servers) -> None:
+        """Send rollouts only to these servers (indices): the trainer calls it after each
+        weight sync with the servers that got the weights."""
+        self.active = set(servers)
 
     def _call(self, coro, timeout: float | None = None):
         """Run ``coro`` on the orchestrator's loop and wait for its result."""
@@ -162,8 +173,34 @@ class Orchestrator:
 
     def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
         """Roll out ``rows`` now (blocking), outside the training batches: for evaluation."""
-        return self._call(self.env.generate(self.client, self.model_name, rows, rollouts_per_example,
-                                            self.sampling_args, self.max_concurrent, timeout=self.generation_timeout))
+        rollouts, _ = self._call(self._rollouts(rows, rollouts_per_example))
+        return rollouts
+
+    async def _rollouts(self, rows: list[dict], rollouts_per_example: int, on_done=None) -> tuple[list, list[int]]:
+        """Every row's group on one active server, the least loaded first. Returns the rollouts
+        in row order and the server each rollout went to."""
+        servers = sorted(self.active) or list(range(len(self.clients)))
+        assigned: dict[int, list[int]] = {s: [] for s in servers}
+        for i in range(len(rows)):
+            server = min(servers, key=lambda s: self._in_flight[s])
+            assigned[server].append(i)
+            self._in_flight[server] += rollouts_per_example
+
+        async def on_server(server: int, indices: list[int]) -> list[Rollout]:
+            try:
+                return await self.env.generate(self.clients[server], self.model_name, [rows[i] for i in indices],
+                                               rollouts_per_example, self.sampling_args, self.max_concurrent,
+                                               timeout=self.generation_timeout, on_done=on_done)
+            finally:
+                self._in_flight[server] -= rollouts_per_example * len(indices)
+
+        parts = await asyncio.gather(*(on_server(s, idx) for s, idx in assigned.items() if idx))
+        by_row: dict[int, tuple[int, list[Rollout]]] = {}
+        for (server, indices), part in zip([(s, i) for s, i in assigned.items() if i], parts):
+            for k, i in enumerate(indices):
+                by_row[i] = server, part[k * rollouts_per_example:(k + 1) * rollouts_per_example]
+        rollouts = [r for i in range(len(rows)) for r in by_row[i][1]]
+        return rollouts, [by_row[i][0] for i in range(len(rows)) for _ in range(rollouts_per_example)]
 
     async def _generate(self, step: int) -> Batch:
         start = time.perf_counter()
@@ -173,12 +210,13 @@ class Orchestrator:
         def on_done(_rollout):
             self._done[step] += 1
 
-        rollouts = await self.env.generate(self.client, self.model_name, rows, self.rollouts_per_example,
-                                           self.sampling_args, self.max_concurrent, timeout=self.generation_timeout,
-                                           on_done=on_done)
+        rollouts, servers = await self._rollouts(rows, self.rollouts_per_example, on_done=on_done)
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
-        server_errors = sum(r.error.startswith(SERVER_ERRORS) for r in errors)
+        lost = {s for r, s in zip(rollouts, servers) if r.error and r.error.startswith(SERVER_ERRORS)}
+        server_errors = sum(bool(r.error and r.error.startswith(SERVER_ERRORS)) for r in rollouts)
+        if len(self.clients) > 1:  # a server that could not be reached gets no rollouts until the next sync
+            self.active -= lost
         if len(errors) == len(rollouts) and not server_errors:
             raise RuntimeError(f"every rollout of batch {step} failed; first error: {errors[0].error}")
         for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
@@ -198,12 +236,16 @@ class Orchestrator:
         metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), "timing/generation_s": generation_s,
                    "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
                    "throughput/generation_tokens_per_s": completion_tokens / max(generation_s, 1e-9)}
+        if len(self.clients) > 1:
+            metrics |= {f"servers/{s}/rollouts": float(servers.count(s)) for s in range(len(self.clients))}
+            metrics["servers/active"] = float(len(self.active))
         return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows], server_errors)
 
     def close(self) -> None:
         """Cancel pending batches and stop the background loop."""
         for future in self._futures.values():
             future.cancel()
-        self._call(self.client.close(), timeout=10)
+        for client in self.clients:
+            self._call(client.close(), timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

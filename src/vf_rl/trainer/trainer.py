@@ -35,7 +35,6 @@ except ImportError:  # transformers 4.x: a Trainer method
     rotate_checkpoints = None
 
 from vf_rl.config.rl_config import RLConfig
-from vf_rl.config.schema import LOOPBACK
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
@@ -214,7 +213,7 @@ class RLTrainer(Trainer):
         self.remove_callback(ProgressCallback)
         self.add_callback(_QuietProgress)
         self.add_callback(_RunCallback)
-        self.inference = InferenceClient(args.vllm_server_host, args.vllm_server_port, args.vllm_server_timeout)
+        self.servers = [InferenceClient(url=url, timeout=args.vllm_server_timeout) for url in args.server_urls()]
         self.orchestrator: Orchestrator | None = None  # main process only
         self.weight_sync = None  # main process only: a transport from weight_sync.py
         self._synced_step = 0  # the server holds the weights of this optimizer step
@@ -247,8 +246,9 @@ class RLTrainer(Trainer):
             self._prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
             print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
-            print(f"Waiting for vf-vllm at {self.inference.base_url} ...", flush=True)
-            self.inference.wait_until_ready(self.args.vllm_server_timeout)
+            print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
+            for server in self.servers:
+                server.wait_until_ready(self.args.vllm_server_timeout)
             self._start_inference_side()
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
@@ -262,10 +262,10 @@ class RLTrainer(Trainer):
         """Main process: pick and open the weight-sync transport (again after a server restart:
         an NCCL group must be formed with the new workers). Returns its kind."""
         a = self.args
-        info = self.inference.weight_sync_info()
-        kind = resolve_weight_sync(a.weight_sync, device_uuid(a.device), info["devices"],
-                                   server_is_local=a.vllm_server_host in LOOPBACK)
-        self.weight_sync = make_weight_sync(kind, self.inference, Path(a.output_dir), a.device, a.weight_sync_port,
+        devices = [d for server in self.servers for d in server.weight_sync_info()["devices"]]
+        kind = resolve_weight_sync(a.weight_sync, device_uuid(a.device), devices,
+                                   server_is_local=all(server.is_local for server in self.servers))
+        self.weight_sync = make_weight_sync(kind, self.servers, Path(a.output_dir), a.device, a.weight_sync_port,
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
         return kind
 
@@ -279,7 +279,7 @@ class RLTrainer(Trainer):
             model_name = LORA_NAME
         print(f"Weight sync: {kind}" + (" (auto)" if a.weight_sync == "auto" else ""), flush=True)
         self.orchestrator = Orchestrator(
-            self.env, self._rows, base_url=f"{self.inference.base_url}/v1", model_name=model_name,
+            self.env, self._rows, base_url=[f"{server.base_url}/v1" for server in self.servers], model_name=model_name,
             batch_size=a.batch_size, rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(),
             max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
             generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
@@ -340,6 +340,8 @@ class RLTrainer(Trainer):
             batch = self.orchestrator.wait(step, on_progress=display.progress_printer(step))
             if not batch.server_errors or attempt > MAX_RESTARTS:
                 return batch
+            if len(self.servers) > 1 and any(server.is_healthy() for server in self.servers):
+                return batch  # training goes on with the other servers; the lost rollouts count as errors
             self._reconnect(f"batch {step + 1}: {batch.server_errors}/{len(batch.rollouts)} rollouts could not reach "
                             "the inference server")
             print(f"[vf-rl] generating batch {step + 1} again", flush=True)
@@ -354,7 +356,7 @@ class RLTrainer(Trainer):
             ServerExited: the server exited for good. TimeoutError: not back in ``vllm_server_timeout``.
         """
         print(f"[vf-rl] {why}; waiting for it (up to {self.args.vllm_server_timeout:.0f} s)", flush=True)
-        self.inference.wait_until_ready(self.args.vllm_server_timeout)
+        self.servers[0].wait_until_ready(self.args.vllm_server_timeout)
         self._server_reconnects += 1
         self.weight_sync.close()
         self._open_weight_sync()
@@ -470,11 +472,14 @@ class RLTrainer(Trainer):
         with self._full_weights():
             if self.is_world_process_zero():
                 try:
-                    self.weight_sync.push(self.accelerator.unwrap_model(self.model))
+                    reached = self.weight_sync.push(self.accelerator.unwrap_model(self.model))
                 except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
-                    if self.inference.is_healthy():
+                    if len(self.servers) > 1 or self.servers[0].is_healthy():
                         raise
                     self._reconnect("the weight sync could not reach the inference server")
+                    reached = [0]
+                if self.orchestrator is not None:
+                    self.orchestrator.set_active(reached)
         self.accelerator.wait_for_everyone()
         self._synced_step = step
 

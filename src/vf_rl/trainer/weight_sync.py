@@ -67,26 +67,54 @@ def resolve_weight_sync(requested: str, trainer_device: str, server_devices: lis
     return requested
 
 
+def _clients(client) -> list[InferenceClient]:
+    return list(client) if isinstance(client, (list, tuple)) else [client]
+
+
+def _each(clients: list[InferenceClient], call) -> list[int]:
+    """``call(client)`` for every server that answers ``/health``, at the same time; the indices
+    of the servers it reached. A server that is down is skipped (it gets the weights at the
+    first sync after it comes back, before any rollout is sent to it)."""
+    alive = [i for i, c in enumerate(clients) if len(clients) == 1 or c.is_healthy()]
+    with ThreadPoolExecutor(max_workers=max(len(alive), 1)) as pool:
+        list(pool.map(lambda i: call(clients[i]), alive))
+    return alive
+
+
 class FilesystemSync:
-    """Merged weights through a safetensors file the server reads (same machine or shared
-    filesystem)."""
+    """Merged weights as one safetensors file, written once: a server on this machine reads it
+    from our disk, a server elsewhere gets it in an HTTP request (``POST /upload_weights``).
 
-    def __init__(self, client: InferenceClient, directory: Path):
-        self.client, self.directory = client, Path(directory)
+    Args:
+        client: one server's client, or a list of them.
+        upload: send the file over HTTP; default: for servers not on loopback.
+    """
 
-    def push(self, model: torch.nn.Module) -> None:
-        path = export_weights(model, self.directory)
-        self.client.update_weights(str(path.resolve()))
+    def __init__(self, client, directory: Path, upload: bool | None = None):
+        self.clients, self.directory, self.upload = _clients(client), Path(directory), upload
+
+    def push(self, model: torch.nn.Module) -> list[int]:
+        """Returns the indices of the servers that got the weights."""
+        path = str(export_weights(model, self.directory).resolve())
+
+        def send(client: InferenceClient) -> None:
+            if self.upload if self.upload is not None else not client.is_local:
+                client.upload_weights(path)
+            else:
+                client.update_weights(path)
+
+        return _each(self.clients, send)
 
     def close(self) -> None:
         pass
 
 
 class BroadcastSync:
-    """Merged weights broadcast from the trainer's device to every vLLM worker.
+    """Merged weights broadcast from the trainer's device to every vLLM worker of every server
+    (one group: the trainer is rank 0, server ``k``'s workers follow those of servers ``< k``).
 
     Args:
-        client: the server's client.
+        client: one server's client, or a list of them.
         device: where the trainer's weights live (the broadcast buffers are built there).
         backend: ``"nccl"`` (GPUs) or ``"gloo"`` (CPU; for tests).
         host: address of this machine that the vLLM workers can reach.
@@ -94,33 +122,41 @@ class BroadcastSync:
         bucket_bytes: largest flat buffer per broadcast (bytes).
         timeout_s: seconds to form the group and for each update.
     Raises:
-        RuntimeError: the server could not join (its error message).
+        RuntimeError: a server could not join (its error message).
     """
 
-    def __init__(self, client: InferenceClient, device: torch.device, backend: str = "nccl", host: str = "127.0.0.1",
+    def __init__(self, client, device: torch.device, backend: str = "nccl", host: str = "127.0.0.1",
                  port: int = 0, bucket_bytes: int = 1 << 30, timeout_s: float = 300.0):
         from vf_rl.inference.communicator import BroadcastGroup, free_port
 
-        self.client, self.bucket_bytes = client, bucket_bytes
-        workers = client.weight_sync_info()["workers"]
+        self.clients, self.bucket_bytes = _clients(client), bucket_bytes
+        workers = [c.weight_sync_info()["workers"] for c in self.clients]
+        offsets = [sum(workers[:k]) for k in range(len(workers))]
         port = port or free_port(host)
-        world_size = 1 + workers
-        # the server answers each HTTP call only once our side of the collective has run, so
-        # the calls go out from a background thread
-        self.http = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vf-rl-weight-sync")
-        joined = self.http.submit(client.init_broadcast, host, port, world_size, backend, timeout_s)
+        world_size = 1 + sum(workers)
+        # each server answers its HTTP call only once our side of the collective has run, so the
+        # calls go out from background threads
+        self.http = ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="vf-rl-weight-sync")
+        joined = [self.http.submit(c.init_broadcast, host, port, world_size, backend, timeout_s, offset)
+                  for c, offset in zip(self.clients, offsets)]
         self.group = BroadcastGroup(host, port, 0, world_size, backend, timeout_s, device=device)
-        joined.result()
+        for future in joined:
+            future.result()
         self.buckets_sent = 0
 
-    def push(self, model: torch.nn.Module) -> None:
+    def push(self, model: torch.nn.Module) -> list[int]:
+        """Returns the indices of the servers that got the weights (all: a broadcast needs every
+        member of the group)."""
         tensors = merged_state_dict(model, device=None)
         buckets = plan_buckets(tensors.items(), self.bucket_bytes)
-        received = self.http.submit(self.client.update_weights_broadcast, [b.to_json() for b in buckets])
+        announced = [b.to_json() for b in buckets]
+        received = [self.http.submit(c.update_weights_broadcast, announced) for c in self.clients]
         for bucket in buckets:
             self.group.broadcast(pack_bucket(bucket, tensors).to(self.group.device))
-        received.result()
+        for future in received:
+            future.result()
         self.buckets_sent = len(buckets)
+        return list(range(len(self.clients)))
 
     def close(self) -> None:
         self.group.close()
@@ -128,27 +164,30 @@ class BroadcastSync:
 
 
 class LoraSync:
-    """Only the LoRA adapter: saved with peft, hot-loaded into vLLM as ``LORA_NAME``."""
+    """Only the LoRA adapter: saved with peft, hot-loaded into each server as ``LORA_NAME``
+    (the servers must be able to read the adapter's directory)."""
 
-    def __init__(self, client: InferenceClient, directory: Path):
-        self.client, self.directory = client, Path(directory)
+    def __init__(self, client, directory: Path):
+        self.clients, self.directory = _clients(client), Path(directory)
 
-    def push(self, model: torch.nn.Module) -> None:
+    def push(self, model: torch.nn.Module) -> list[int]:
+        """Returns the indices of the servers that got the adapter."""
         final = self.directory / "lora"
         staging = self.directory / ".lora-tmp"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(str(staging))
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
-        self.client.load_lora_adapter(LORA_NAME, str(final.resolve()))
+        return _each(self.clients, lambda c: c.load_lora_adapter(LORA_NAME, str(final.resolve())))
 
     def close(self) -> None:
         pass
 
 
-def make_weight_sync(kind: str, client: InferenceClient, output_dir: Path, device: torch.device, port: int = 0,
+def make_weight_sync(kind: str, client, output_dir: Path, device: torch.device, port: int = 0,
                      bucket_mb: int = 1024, timeout_s: float = 300.0):
-    """The transport object for a resolved ``kind`` (not ``auto``)."""
+    """The transport object for a resolved ``kind`` (not ``auto``); ``client``: one server's
+    client or a list of them."""
     start = time.perf_counter()
     if kind == "filesystem":
         return FilesystemSync(client, Path(output_dir) / "weights")
@@ -156,6 +195,7 @@ def make_weight_sync(kind: str, client: InferenceClient, output_dir: Path, devic
         return LoraSync(client, Path(output_dir) / "weights")
     if kind == "nccl":
         sync = BroadcastSync(client, device, "nccl", port=port, bucket_bytes=bucket_mb << 20, timeout_s=timeout_s)
-        print(f"Weight sync: NCCL group with the server formed in {time.perf_counter() - start:.1f} s", flush=True)
+        print(f"Weight sync: NCCL group with {len(sync.clients)} server(s) formed in "
+              f"{time.perf_counter() - start:.1f} s", flush=True)
         return sync
     raise ValueError(f"weight_sync: unknown transport {kind!r}")
