@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from .fields import MISSING, rl_fields, trainer_fields
-from .rules import ConfigError, check_trainer_args, check_types, derive_defaults, suggest
+from .rules import ConfigError, check_trainer_args, check_types, derive_defaults, rename_legacy_keys, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -201,6 +201,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
     if looks_local and not model_path.exists():
         raise ConfigError(f"{path}: model: local model directory '{config.model}' does not exist")
     try:
+        config.trainer.args = rename_legacy_keys(config.trainer.args, "trainer.args.")
         validate_trainer_args(config)
         validate_inference_args(config)
         validate_env(config)
