@@ -25,6 +25,7 @@ from vf_rl.metrics import rollout_metrics
 
 from .advantage import AdvantageFn, compute_advantages, group_mean
 from .batching import Sample, rollout_to_samples
+from .filtering import DifficultyFilter
 
 
 @dataclass
@@ -67,13 +68,16 @@ class Orchestrator:
         mask_truncated_completions: truncated completions get no loss tokens.
         zero_truncated_completions: truncated completions get reward 0.
         mask_env_responses: environment-written tokens get no loss (multi-turn).
+        difficulty_filter: drop groups without reward spread and refill (``filtering.py``);
+            ``None``: off.
     """
 
     def __init__(self, env: Environment, rows: list[dict], *, base_url: str, model_name: str, batch_size: int,
                  rollouts_per_example: int, sampling_args: dict, max_seq_len: int,
                  advantage_fn: AdvantageFn = group_mean, max_concurrent: int = 1024, generation_timeout: float = 600.0,
                  request_timeout: float = 600.0, mask_truncated_completions: bool = False,
-                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl"):
+                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl",
+                 difficulty_filter: DifficultyFilter | None = None):
         if not rows:
             raise ValueError("the environment has no training rows (after filtering by max_prompt_len)")
         self.env, self.rows, self.model_name = env, rows, model_name
@@ -82,7 +86,7 @@ class Orchestrator:
         self.sampling_args, self.max_seq_len, self.advantage_fn = sampling_args, max_seq_len, advantage_fn
         self.max_concurrent, self.generation_timeout = max_concurrent, generation_timeout
         self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
-        self.mask_env_responses = mask_env_responses
+        self.mask_env_responses, self.difficulty_filter = mask_env_responses, difficulty_filter
         self._futures: dict[int, Future] = {}
         self._done: dict[int, int] = {}  # step -> rollouts finished so far (progress)
         self._loop = asyncio.new_event_loop()
@@ -162,9 +166,25 @@ class Orchestrator:
         def on_done(_rollout):
             self._done[step] += 1
 
-        rollouts = await self.env.generate(self.client, self.model_name, rows, self.rollouts_per_example,
-                                           self.sampling_args, self.max_concurrent, timeout=self.generation_timeout,
-                                           on_done=on_done)
+        async def generate(rows: list[dict]) -> list[Rollout]:
+            rollouts = await self.env.generate(self.client, self.model_name, rows, self.rollouts_per_example,
+                                               self.sampling_args, self.max_concurrent,
+                                               timeout=self.generation_timeout, on_done=on_done)
+            if self.zero_truncated:
+                for r in rollouts:
+                    if r.is_truncated:
+                        r.reward = 0.0
+            return rollouts
+
+        filter_metrics = {}
+        if self.difficulty_filter is None:
+            rollouts = await generate(rows)
+        else:
+            def draw(round_index: int, n: int) -> list[dict]:
+                return self.difficulty_filter.extra_rows(self.rows, step, round_index, n)
+
+            rows, rollouts, filter_metrics = await self.difficulty_filter.fill(step, rows, self.rollouts_per_example,
+                                                                                draw, generate)
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
         if len(errors) == len(rollouts):
@@ -172,10 +192,6 @@ class Orchestrator:
         for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
             print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss): {cause}",
                   file=sys.stderr, flush=True)
-        if self.zero_truncated:
-            for r in rollouts:
-                if r.is_truncated:
-                    r.reward = 0.0
         advantages = compute_advantages(self.advantage_fn, rollouts, self.rollouts_per_example)
         samples = []
         for rollout, advantage in zip(rollouts, advantages):
@@ -183,7 +199,8 @@ class Orchestrator:
                 continue
             samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
         completion_tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
-        metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), "timing/generation_s": generation_s,
+        metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), **filter_metrics,
+                   "timing/generation_s": generation_s,
                    "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
                    "throughput/generation_tokens_per_s": completion_tokens / max(generation_s, 1e-9)}
         return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows])

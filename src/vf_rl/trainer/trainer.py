@@ -44,6 +44,7 @@ from vf_rl.metrics import rollout_metrics
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, shard
+from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
@@ -285,7 +286,8 @@ class RLTrainer(Trainer):
             max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
             generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
             mask_truncated_completions=a.mask_truncated_completions,
-            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses)
+            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
+            difficulty_filter=DifficultyFilter.from_args(a))
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint
