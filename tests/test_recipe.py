@@ -83,3 +83,59 @@ def test_vf_train_with_filtering_logs_its_metrics(server, model_dir, tmp_path, r
         assert 0 <= s["filter/filtered_fraction"] <= 1 and s["filter/rounds"] >= 1
         assert s["filter/extra_rollouts"] == 0 or s["filter/filtered_fraction"] > 0
         assert math.isfinite(s["loss"]) and 0.5 < s["importance_ratio"] < 2.0
+
+
+def test_kl_penalty_is_beta_times_k3_per_loss_token():
+    import torch
+
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.trainer.loss import LossInputs, cispo_loss, dapo_loss
+
+    args = RLConfig(output_dir="/tmp/unused", use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2,
+                    beta=0.5, report_to="none")
+    logp = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -2.0, -3.0]])
+    mask = torch.tensor([[True, True, False]])
+    d = [-0.5, 0.0]  # ref - logp on the loss tokens
+    k3 = sum(math.exp(x) - x - 1 for x in d)
+    for loss_fn in (cispo_loss, dapo_loss):
+        inputs = LossInputs(logp, logp.detach().clone(), torch.tensor([1.0]), mask, torch.zeros(1, 3), 2.0)
+        without = loss_fn(inputs, args)
+        inputs.ref_logprobs = ref
+        with_kl = loss_fn(inputs, args)
+        assert with_kl.stats["kl_ref"].item() == pytest.approx(k3)
+        assert (with_kl.loss - without.loss).item() == pytest.approx(0.5 * k3 / 2.0)
+        assert "kl_ref" not in without.stats
+
+
+@pytest.mark.parametrize("use_lora", [True, False])
+def test_kl_reference_is_the_initial_policy(model_dir, tmp_path, use_lora):
+    """kl_ref is 0 while the policy equals the reference and grows once the trained weights move;
+    LoRA: the reference is the base model with the adapter off (no copy); full weights: a frozen copy."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.envs import load_environment
+    from vf_rl.trainer.batching import Sample
+    from vf_rl.trainer.orchestrator import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = RLConfig(output_dir=str(tmp_path), use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2,
+                    max_steps=1, report_to=[], beta=0.1, use_lora=use_lora)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    trainer = RLTrainer(model=model, env=env, args=args, processing_class=tokenizer, served_model_name="t")
+    assert (trainer.ref_model is None) == use_lora
+    samples = [Sample(list(range(100, 100 + p + c)), [0] * p + [1] * c, [0.0] * (p + c), a)
+               for p, c, a in ((5, 3, 1.0), (4, 2, -1.0), (6, 4, 0.5), (3, 1, -0.5))]
+    batch = Batch(step=0, samples=samples, rollouts=[])
+    _, stats = trainer._train_on_batch(trainer.model, batch)
+    assert abs(stats["kl_ref"]) < 1e-6
+    with torch.no_grad():
+        for name, p in trainer.model.named_parameters():
+            if p.requires_grad and ("lora_B" in name or not use_lora):
+                p.add_(torch.randn_like(p) * 0.02)
+    trainer.model.zero_grad()
+    _, stats = trainer._train_on_batch(trainer.model, batch)
+    assert stats["kl_ref"] > 1e-4

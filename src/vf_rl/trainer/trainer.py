@@ -47,6 +47,7 @@ from .batching import first_trained_position, micro_batches, shard
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
+from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 
 
@@ -206,6 +207,8 @@ class RLTrainer(Trainer):
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
                          eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
         self.env = env
+        # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
+        self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -391,9 +394,11 @@ class RLTrainer(Trainer):
             self.accelerator.sync_gradients = last
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 with self.compute_loss_context_manager():
+                    ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model, mb, start,
+                                              a.temperature, self._logits_to_keep) if a.beta > 0 else None)
                     logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
                     out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
-                                                  mb["loss_mask"][:, start:], entropy, normalizer), a)
+                                                  mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
                 self.accelerator.backward(out.loss)
             total_loss += out.loss.detach()
             for k, v in out.stats.items():
