@@ -139,3 +139,81 @@ def test_kl_reference_is_the_initial_policy(model_dir, tmp_path, use_lora):
     trainer.model.zero_grad()
     _, stats = trainer._train_on_batch(trainer.model, batch)
     assert stats["kl_ref"] > 1e-4
+
+
+@pytest.mark.server
+def test_two_steps_ahead_with_kl_trains_and_ratios_stay_sane(server, model_dir, tmp_path, restore_base_weights):
+    """max_off_policy_steps = 2 (given by its older name) and beta > 0 against the real server:
+    batches 2 and 3 were submitted two steps before they trained (staleness 2), the importance
+    ratio stays near 1, and kl_ref is 0 at step 1 (adapter still zero) and positive later."""
+    out = tmp_path / "ahead"
+    config = write_cpu_config(tmp_path / "ahead.toml", model_dir, out, server.port, max_steps=4, batch_size=8,
+                              rollouts_per_example=4, micro_batch_size=8, max_tokens=12, num_batches_ahead=2,
+                              beta=0.1)
+    steps = run_vf_train(config, out)
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert [s["off_policy/staleness"] for s in steps] == [0, 1, 2, 2]
+    for s in steps:
+        assert math.isfinite(s["loss"]) and 0.5 < s["importance_ratio"] < 2.0 and s["mismatch_kl"] < 0.1
+        assert s["tokens/masked_fraction"] < 0.2
+    assert steps[0]["kl_ref"] < 1e-6 < steps[-1]["kl_ref"]
+
+
+def test_mixture_rows_are_a_pure_function_of_the_step():
+    """Weights 2:1 split each batch's prompts 2:1 on average; a fresh mixture asked for step 9
+    first (as after a resume) gives the same rows as one that went through steps 0..9."""
+    from vf_rl.envs.mixture import EnvMixture
+
+    envs = {"a": object(), "b": object()}
+    rows = [{"env": "a", "i": i} for i in range(7)] + [{"env": "b", "i": i} for i in range(5)]
+    walked = EnvMixture(envs, {"a": 2.0, "b": 1.0}, seed=1)
+    steps = [walked.rows_for_step(rows, s, 4) for s in range(10)]
+    assert EnvMixture(envs, {"a": 2.0, "b": 1.0}, seed=1).rows_for_step(rows, 9, 4) == steps[9]
+    assert all(len(batch) == 4 for batch in steps)
+    share_a = sum(row["env"] == "a" for batch in steps for row in batch) / 40
+    assert 0.55 < share_a < 0.8
+    a_rows = [row["i"] for batch in steps for row in batch if row["env"] == "a"]
+    assert a_rows[:8] == [0, 1, 2, 3, 4, 5, 6, 0]  # each environment goes through its rows in order
+
+
+def test_env_tables_parse_and_bad_weight_is_one_line(tmp_path):
+    import tomli_w
+
+    from vf_rl.config.schema import ConfigError, load_config
+
+    data = {"model": "Qwen/Qwen3-4B-Instruct-2507", "inference": {"gpus": 0}, "trainer": {"gpus": 0, "args": {}},
+            "env": [{"id": "reverse-text", "weight": 2.0}, {"id": "alphabet-sort"}]}
+    path = tmp_path / "two.toml"
+    path.write_text(tomli_w.dumps(data))
+    assert [(e.id, e.weight) for e in load_config(path).envs] == [("reverse-text", 2.0), ("alphabet-sort", 1.0)]
+    data["env"][1]["weight"] = 0
+    path.write_text(tomli_w.dumps(data))
+    with pytest.raises(ConfigError, match=r"env\.1\.weight: .*greater than 0"):
+        load_config(path)
+
+
+@pytest.mark.server
+def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path, restore_base_weights):
+    """reverse-text + alphabet-sort with weights 2:1 (batch of 3 prompts: 2 and 1 each step)."""
+    import tomli_w
+
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib
+
+    out = tmp_path / "mix"
+    config = write_cpu_config(tmp_path / "mix.toml", model_dir, out, server.port, max_steps=2, batch_size=6,
+                              rollouts_per_example=2, micro_batch_size=6, max_tokens=12)
+    data = tomllib.loads(config.read_text())
+    data["env"] = [{"id": "reverse-text", "weight": 2.0, "args": {"few_shot": 2, "source": "offline"}},
+                   {"id": "alphabet-sort", "weight": 1.0,
+                    "args": {"source": "offline", "min_turns": 1, "max_turns": 1, "max_names_per_turn": 2}}]
+    config.write_text(tomli_w.dumps(data))
+    steps = run_vf_train(config, out)
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert s["env/reverse-text/rollouts"] == 4 and s["env/alphabet-sort/rollouts"] == 2
+        assert 0 <= s["env/reverse-text/reward"] <= 1 and 0 <= s["env/alphabet-sort/reward"] <= 1
+        rollouts = 4 * s["env/reverse-text/reward"] + 2 * s["env/alphabet-sort/reward"]
+        assert rollouts / 6 == pytest.approx(s["reward"], abs=1e-6)

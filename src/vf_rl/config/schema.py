@@ -31,6 +31,8 @@ class _Section(BaseModel):
 class EnvSection(_Section):
     id: str = Field(min_length=1, description="Environment id (module name; an owner/ prefix is dropped).")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's load_environment().")
+    weight: float = Field(default=1.0, gt=0, description="With several [[env]] tables: this environment's share "
+                          "of each batch's prompts (relative to the others).")
 
 
 class InferenceSection(_Section):
@@ -50,9 +52,15 @@ class VfRlConfig(_Section):
     """A whole vf-rl TOML file."""
 
     model: str = Field(min_length=1, description="Hub id or local model directory.")
-    env: EnvSection
+    env: EnvSection | list[EnvSection] = Field(description="An [env] table, or [[env]] tables for several "
+                                               "environments in one run (sampled by weight per batch).")
     inference: InferenceSection
     trainer: TrainerSection
+
+    @property
+    def envs(self) -> list[EnvSection]:
+        """The environment tables: ``[env]`` as a list of one, or every ``[[env]]``."""
+        return self.env if isinstance(self.env, list) else [self.env]
 
     @field_validator("model")
     @classmethod
@@ -72,11 +80,24 @@ def _location(loc: tuple) -> str:
 def _section_keys(loc: tuple) -> list[str]:
     model: type[BaseModel] = VfRlConfig
     for part in loc[:-1]:
-        annotation = model.model_fields[part].annotation
+        if isinstance(part, int):  # an [[env]] table
+            continue
+        annotation = EnvSection if (model, part) == (VfRlConfig, "env") else model.model_fields[part].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation
     return list(model.model_fields)
+
+
+def _first_error(errors: list[dict], data: dict) -> dict:
+    """The first error of the ``env`` branch the file used (``[env]`` or ``[[env]]``), with
+    pydantic's union tag taken out of its location."""
+    wrong, tag = ("EnvSection", "list[EnvSection]") if isinstance(data.get("env"), list) else \
+        ("list[EnvSection]", "EnvSection")
+    errors = [e for e in errors if e["loc"][:2] != ("env", wrong)] or errors
+    err = dict(errors[0])
+    err["loc"] = tuple(part for i, part in enumerate(err["loc"]) if not (i == 1 and part == tag))
+    return err
 
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -157,17 +178,20 @@ def validate_env(config: "VfRlConfig") -> None:
     """The environment id names a built-in or an importable module."""
     from vf_rl.envs.registry import builtin_environments, module_name
 
-    name = module_name(config.env.id)
-    builtins = builtin_environments()
-    if name.replace("_", "-") in builtins:
-        return
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError(f"env.id: unknown environment {config.env.id!r} (no module {name!r}); "
-                          f"built-in environments: {', '.join(builtins)}")
+    if not config.envs:
+        raise ConfigError("env: [[env]] needs at least one table with an id")
+    for entry in config.envs:
+        name = module_name(entry.id)
+        builtins = builtin_environments()
+        if name.replace("_", "-") in builtins:
+            continue
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(f"env.id: unknown environment {entry.id!r} (no module {name!r}); "
+                              f"built-in environments: {', '.join(builtins)}")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":
@@ -189,7 +213,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
     try:
         config = VfRlConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = _first_error(exc.errors(), data)
         key = _location(err["loc"]) or "(top level)"
         if err["type"] == "missing":
             raise ConfigError(f"{path}: required key '{key}' is missing") from None

@@ -21,7 +21,7 @@ from typing import Callable
 
 from vf_rl.envs import Environment, Rollout
 from vf_rl.inference.client import openai_client
-from vf_rl.metrics import rollout_metrics
+from vf_rl.metrics import env_metrics, rollout_metrics
 
 from .advantage import AdvantageFn, compute_advantages, group_mean
 from .batching import Sample, rollout_to_samples
@@ -102,7 +102,10 @@ class Orchestrator:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
 
     def rows_for_step(self, step: int) -> list[dict]:
-        """The dataset rows of batch ``step``: the next ``prompts_per_batch`` rows, wrapping around."""
+        """The dataset rows of batch ``step``: the next ``prompts_per_batch`` rows, wrapping around
+        (several environments: split by weight, ``envs/mixture.py``)."""
+        if hasattr(self.env, "rows_for_step"):
+            return self.env.rows_for_step(self.rows, step, self.prompts_per_batch)
         start = step * self.prompts_per_batch
         return [self.rows[(start + i) % len(self.rows)] for i in range(self.prompts_per_batch)]
 
@@ -110,10 +113,14 @@ class Orchestrator:
         """Whether batch ``step`` is being generated or waits to be taken."""
         return step in self._futures
 
-    def submit(self, step: int) -> None:
-        """Start generating batch ``step`` in the background (no-op if already submitted)."""
+    def submit(self, step: int, policy_step: int | None = None) -> None:
+        """Start generating batch ``step`` in the background (no-op if already submitted).
+
+        ``policy_step``: the optimizer step whose weights the server holds now (default
+        ``step``); ``step - policy_step`` is logged as ``off_policy/staleness``."""
         if step not in self._futures:
-            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step), self._loop)
+            staleness = step - (step if policy_step is None else policy_step)
+            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step, staleness), self._loop)
 
     def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> Batch:
         """Wait for batch ``step`` (submitting it first if needed) and take it.
@@ -158,7 +165,7 @@ class Orchestrator:
         return self._call(self.env.generate(self.client, self.model_name, rows, rollouts_per_example,
                                             self.sampling_args, self.max_concurrent, timeout=self.generation_timeout))
 
-    async def _generate(self, step: int) -> Batch:
+    async def _generate(self, step: int, staleness: int = 0) -> Batch:
         start = time.perf_counter()
         rows = self.rows_for_step(step)
         self._done[step] = 0
@@ -200,6 +207,8 @@ class Orchestrator:
             samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
         completion_tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
         metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), **filter_metrics,
+                   **env_metrics(rows, rollouts, self.rollouts_per_example),
+                   "off_policy/staleness": float(staleness),
                    "timing/generation_s": generation_s,
                    "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
                    "throughput/generation_tokens_per_s": completion_tokens / max(generation_s, 1e-9)}

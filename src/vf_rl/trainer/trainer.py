@@ -39,7 +39,7 @@ from vf_rl.config.schema import LOOPBACK
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
-from vf_rl.metrics import rollout_metrics
+from vf_rl.metrics import env_metrics, rollout_metrics
 
 from . import display
 from .advantage import AdvantageFn, get_advantage
@@ -316,10 +316,12 @@ class RLTrainer(Trainer):
     def _next_batch(self, step: int) -> Batch:
         """Batch ``step``, with the weights synced before batch ``step + 1`` starts generating.
 
-        Batch ``step`` was generated with the weights of step ``step - 1`` (or, right after a
-        resume, is generated now with the checkpoint's). Then the server gets the current weights
-        and batch ``step + 1`` is submitted, so it generates while this step trains. Every
-        process gets the main process's batch."""
+        Batch ``step`` was submitted with the weights of step ``step - max_off_policy_steps`` (or
+        later; right after a resume it is generated now with the checkpoint's). Then the server
+        gets the current weights and batches up to ``step + max_off_policy_steps`` are submitted,
+        so they generate while this step trains (batches already in flight finish with the new
+        weights: each token's sampling log-prob is the one it was drawn with, so the importance
+        ratio stays exact). Every process gets the main process's batch."""
         batch = None
         if self.is_world_process_zero():
             if not self.orchestrator.submitted(step) and self._synced_step != step:
@@ -330,8 +332,9 @@ class RLTrainer(Trainer):
         if self._synced_step != step:
             with self._timed("sync_s"):
                 self.sync_weights(step)
-        if self.is_world_process_zero() and step + 1 < self.args.max_steps:
-            self.orchestrator.submit(step + 1)
+        if self.is_world_process_zero():  # up to max_off_policy_steps ahead, generated with this step's weights
+            for ahead in range(step + 1, min(step + self.args.max_off_policy_steps + 1, self.args.max_steps)):
+                self.orchestrator.submit(ahead, policy_step=step)
         return self._share_batch(batch)
 
     @contextlib.contextmanager
@@ -428,8 +431,9 @@ class RLTrainer(Trainer):
             return {}
         start = time.perf_counter()
         rollouts = self.orchestrator.run(self._eval_rows, self.args.eval_rollouts_per_example)
-        metrics = {f"{metric_key_prefix}/{k}": v
-                   for k, v in rollout_metrics(rollouts, self.args.eval_rollouts_per_example).items()}
+        group = self.args.eval_rollouts_per_example
+        metrics = {f"{metric_key_prefix}/{k}": v for k, v in {**rollout_metrics(rollouts, group),
+                                                              **env_metrics(self._eval_rows, rollouts, group)}.items()}
         metrics[f"{metric_key_prefix}/timing_s"] = time.perf_counter() - start
         self.log(metrics)
         self._last_eval = (step, metrics)
