@@ -217,3 +217,14 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
         assert 0 <= s["env/reverse-text/reward"] <= 1 and 0 <= s["env/alphabet-sort/reward"] <= 1
         rollouts = 4 * s["env/reverse-text/reward"] + 2 * s["env/alphabet-sort/reward"]
         assert rollouts / 6 == pytest.approx(s["reward"], abs=1e-6)
+
+
+def test_recipe_keys_are_in_the_generated_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for key in ("trainer.args.use_difficulty_filtering", "trainer.args.difficulty_threshold",
+                "trainer.args.difficulty_min_reward", "trainer.args.difficulty_max_reward",
+                "trainer.args.oversampling_factor", "trainer.args.max_filter_rounds", "trainer.args.beta",
+                "trainer.args.max_off_policy_steps", "env.weight"):
+        assert f"| `{key}` |" in readme, key

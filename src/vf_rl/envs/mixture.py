@@ -53,7 +53,7 @@ class EnvMixture(Environment):
         remainders = [x - c for x, c in zip(exact, counts)]
         rng = random.Random(f"{self.seed}:mixture:{step}")
         for _ in range(n - sum(counts)):
-            i = rng.choices(range(len(counts)), weights=remainders)[0]
+            i = rng.choices(range(len(counts)), weights=[r + 1e-12 for r in remainders])[0]  # never all 0
             counts[i] += 1
             remainders[i] = 0.0
         return counts
