@@ -10,8 +10,9 @@ WALL=${1:-270}; OUT=${2:-/tmp/vf-filtering}; PY=${PYTHON:-python}; PORT=${PORT:-
 mkdir -p "$OUT"
 for mode in off on; do
   cfg="$OUT/$mode.toml"; rm -rf "$OUT/$mode"
-  sed -e "s|^run_name = .*|run_name = \"filter-$mode\"\noutput_dir = \"$OUT/$mode\"\nvllm_server_port = $PORT\nuse_difficulty_filtering = $([ $mode = on ] && echo true || echo false)\nsave_steps = 1000|" \
-      configs/vf-rl/reverse-text-cpu.toml > "$cfg"
+  flag=false; [ "$mode" = on ] && flag=true
+  sed -e "s|^run_name = .*|run_name = \"filter-$mode\"\noutput_dir = \"$OUT/$mode\"\nvllm_server_port = $PORT\nuse_difficulty_filtering = $flag|" \
+      -e "s|^save_steps = .*|save_steps = 1000|" configs/vf-rl/reverse-text-cpu.toml > "$cfg"
   setsid $PY -m vf_rl.cli.vllm_server @ "$cfg" > "$OUT/$mode-server.log" 2>&1 &
   server=$!
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 2; kill -0 $server || exit 1; done

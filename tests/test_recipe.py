@@ -3,7 +3,11 @@ reference policy, several environments in one run, deeper off-policy generation.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import write_cpu_config
@@ -217,6 +221,26 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
         assert 0 <= s["env/reverse-text/reward"] <= 1 and 0 <= s["env/alphabet-sort/reward"] <= 1
         rollouts = 4 * s["env/reverse-text/reward"] + 2 * s["env/alphabet-sort/reward"]
         assert rollouts / 6 == pytest.approx(s["reward"], abs=1e-6)
+    # resume for one more step: batch 3 takes the rows a fresh mixture assigns to step 3
+    data["trainer"]["args"]["max_steps"] = 3
+    config.write_text(tomli_w.dumps(data))
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config), "--resume"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    recorded = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in recorded] == [1, 2, 3]
+    from transformers import AutoTokenizer
+
+    from vf_rl.cli.train import load_environments
+    from vf_rl.config.schema import load_config
+    from vf_rl.trainer.trainer import RLTrainer
+
+    cfg = load_config(config)
+    mixture = load_environments(cfg.envs, seed=42)
+    fake = SimpleNamespace(args=SimpleNamespace(max_prompt_len=512, seed=42))
+    rows = RLTrainer._prompt_rows(fake, mixture.get_dataset(), AutoTokenizer.from_pretrained(model_dir), shuffle=True)
+    expected = [[row["row_id"] for row in mixture.rows_for_step(rows, step, 3)] for step in range(3)]
+    assert [r["rows"] for r in recorded] == expected
 
 
 def test_recipe_keys_are_in_the_generated_table():
