@@ -52,7 +52,7 @@ class RLConfig(TrainingArguments):
     epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\": ratios below 1 - epsilon_low are clipped."})
     epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher)."})
     # Online difficulty filtering (trainer/filtering.py; DAPO's dynamic sampling, arXiv:2503.14476)
-    use_difficulty_filtering: bool = field(default=False, metadata={"help": "Drop groups whose rewards have (near) zero spread (no gradient) before training and refill the batch by generating more groups."})
+    use_difficulty_filtering: bool = field(default=False, metadata={"help": "Drop groups whose rewards have (near) zero spread (no gradient) before training and refill the batch by generating more groups (off by default: no gain measured on the CPU demo, benchmarks/RESULTS.md)."})
     difficulty_threshold: float = field(default=0.0, metadata={"help": "With filtering: groups whose reward std is at or below this (plus 1e-6) are dropped."})
     difficulty_min_reward: float | None = field(default=None, metadata={"help": "With filtering: also drop groups whose mean reward is below this (too hard)."})
     difficulty_max_reward: float | None = field(default=None, metadata={"help": "With filtering: also drop groups whose mean reward is above this (too easy)."})
