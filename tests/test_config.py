@@ -105,6 +105,10 @@ CASES = {
                                    "trainer.main_address", "needs node 0's address"),
     "server urls not urls": (edit("batch_size = 32", 'batch_size = 32\nvllm_server_urls = ["10.0.0.2:8000"]'),
                              "trainer.args.vllm_server_urls", "http://host:port"),
+    "older key refused": (edit("batch_size = 32", "batch_size = 32\nnum_iterations = 2"), "trainer.args.num_iterations",
+                          "not supported"),
+    "older key for a derived one": (edit("batch_size = 32", "batch_size = 32\ngradient_accumulation_steps = 4"),
+                                    "trainer.args.gradient_accumulation_steps", "use trainer.args.batch_size"),
     "bucket size zero": (edit("batch_size = 32", "batch_size = 32\nweight_sync_bucket_mb = 0"),
                          "trainer.args.weight_sync_bucket_mb", "positive"),
     "env args unknown key": (with_env_args("few_shots = 2"), "env.args.few_shots", "did you mean 'few_shot'"),
@@ -328,12 +332,31 @@ AGREE_REJECT = {
     "save steps zero": ({"save_steps": 0}, "save_steps: expected save_steps > 0"),
     "eval examples zero": ({"num_eval_examples": 0}, "num_eval_examples: expected num_eval_examples > 0, or -1"),
     "int as bool": ({"use_lora": 1}, "use_lora: expected bool, got 1"),
+    # issue 15: the recipe keys and the older key names
+    "negative difficulty threshold": ({"use_difficulty_filtering": True, "difficulty_threshold": -0.1},
+                                      "difficulty_threshold: must not be negative"),
+    "oversampling below 1": ({"oversampling_factor": 0.5}, "oversampling_factor: must be at least 1"),
+    "zero filter rounds": ({"max_filter_rounds": 0}, "max_filter_rounds: must be positive"),
+    "reward bound without filtering": ({"difficulty_max_reward": 0.9}, "difficulty_max_reward needs"),
+    "reward bounds crossed": ({"use_difficulty_filtering": True, "difficulty_min_reward": 0.5,
+                               "difficulty_max_reward": 0.5}, "difficulty_min_reward (0.5) must be below"),
+    "negative beta": ({"beta": -0.1}, "beta: must not be negative"),
+    "zero off-policy steps": ({"max_off_policy_steps": 0}, "max_off_policy_steps: must be at least 1"),
+    "old and new name together": ({"num_generations": 4}, "num_generations is the older name of"),
+    "num_iterations": ({"num_iterations": 2}, "num_iterations: not supported"),
+    "per_device_train_batch_size": ({"per_device_train_batch_size": 4},
+                                    "per_device_train_batch_size: use"),
+    "gradient_accumulation_steps": ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps: use"),
+    "num_batches_ahead mapped then checked": ({"num_batches_ahead": 0}, "max_off_policy_steps: must be at least 1"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
     "max_tokens below max_seq_len": {"max_tokens": 511},
     "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
     "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss", "advantage_type": "my_module:my_advantage"},
+    "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,
+                    "oversampling_factor": 1.5, "beta": 0.04, "max_off_policy_steps": 2},
+    "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 
 
@@ -387,3 +410,21 @@ def test_inference_args_are_checked_against_vllms_own_parser(tmp_path, line, nee
     for extra in (["--dry-run"], []):
         assert_one_line_error(run(["@", str(path), *extra], tmp_path), str(path), *needles)
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_older_key_names_map_to_the_current_ones(tmp_path):
+    """``num_generations`` and ``num_batches_ahead`` (the seeds' names) set ``rollouts_per_example``
+    and ``max_off_policy_steps`` on both paths."""
+    import tomli_w
+
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.config.schema import load_config, resolved_trainer_args
+
+    old = {"batch_size": 8, "micro_batch_size": 2, "max_seq_len": 512, "num_generations": 4, "num_batches_ahead": 2}
+    path = tmp_path / "old.toml"
+    path.write_text(tomli_w.dumps({"model": "Qwen/Qwen3-4B-Instruct-2507", "env": {"id": "reverse-text"},
+                                   "inference": {"gpus": 0}, "trainer": {"gpus": 0, "args": old}}))
+    resolved = resolved_trainer_args(load_config(path))
+    args = RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **old)
+    assert (resolved["rollouts_per_example"], resolved["max_off_policy_steps"]) == (4, 2)
+    assert (args.rollouts_per_example, args.max_off_policy_steps) == (4, 2)

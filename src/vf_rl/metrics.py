@@ -29,3 +29,15 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
     for name in sorted({name for r in rollouts for name in r.metrics}):
         metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
     return metrics
+
+
+def env_metrics(rows: list[dict], rollouts, group_size: int) -> dict[str, float]:
+    """``env/<name>/reward`` (mean) and ``env/<name>/rollouts`` per environment of a mixture
+    (rows with an ``"env"`` key, ``envs/mixture.py``; rollouts ``group_size`` per row in row
+    order); ``{}`` for a single environment."""
+    names = [row.get("env") for row in rows for _ in range(group_size)]
+    out = {}
+    for name in sorted({n for n in names if n is not None}):
+        rewards = [r.reward for r, n in zip(rollouts, names) if n == name]
+        out[f"env/{name}/reward"], out[f"env/{name}/rollouts"] = statistics.fmean(rewards), float(len(rewards))
+    return out

@@ -40,14 +40,13 @@ def _main(argv: list[str] | None) -> int:
     except ConfigError as exc:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from vf_rl import RLConfig, RLTrainer, load_environment
+    from vf_rl import RLConfig, RLTrainer
 
     try:
         args = RLConfig(**config.trainer.args)
         if "--resume" in rest:
             args.resume_from_checkpoint = True
-        print(f"Loading environment {config.env.id}...", flush=True)
-        env = load_environment(config.env.id, **config.env.args)
+        env = load_environments(config.envs, args.seed)
     except (TypeError, ValueError) as exc:
         print(f"vf-train: error: {config_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -69,6 +68,24 @@ def _main(argv: list[str] | None) -> int:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
+
+
+def load_environments(entries, seed: int):
+    """The environment of one ``[env]`` table, or an ``EnvMixture`` of several ``[[env]]`` tables
+    (named by id; a repeated id gets ``#2``, ``#3``...)."""
+    from vf_rl import load_environment
+
+    envs, weights = {}, {}
+    for entry in entries:
+        print(f"Loading environment {entry.id}...", flush=True)
+        name = entry.id.split("/")[-1]
+        name = name if name not in envs else f"{name}#{sum(k.split('#')[0] == name for k in envs) + 1}"
+        envs[name], weights[name] = load_environment(entry.id, **entry.args), entry.weight
+    if len(envs) == 1:
+        return next(iter(envs.values()))
+    from vf_rl.envs.mixture import EnvMixture
+
+    return EnvMixture(envs, weights, seed)
 
 
 if __name__ == "__main__":

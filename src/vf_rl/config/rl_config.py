@@ -8,13 +8,14 @@ and code; the README seed's 0.7 is the odd one out).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
 
 from .fields import rl_fields
-from .rules import check_trainer_args, check_types, derive_defaults
+from .rules import check_trainer_args, check_types, derive_defaults, rename_legacy_keys
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -50,6 +51,17 @@ class RLConfig(TrainingArguments):
     advantage_type: str = field(default="group_mean", metadata={"help": "Advantage: \"group_mean\" (reward minus its group's mean) or \"group_mean_std\" (also divided by the group's std, GRPO), or \"module:function\"."})
     epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\": ratios below 1 - epsilon_low are clipped."})
     epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher)."})
+    # Online difficulty filtering (trainer/filtering.py; DAPO's dynamic sampling, arXiv:2503.14476)
+    use_difficulty_filtering: bool = field(default=False, metadata={"help": "Drop groups whose rewards have (near) zero spread (no gradient) before training and refill the batch by generating more groups (off by default: no gain measured on the CPU demo, benchmarks/RESULTS.md)."})
+    difficulty_threshold: float = field(default=0.0, metadata={"help": "With filtering: groups whose reward std is at or below this (plus 1e-6) are dropped."})
+    difficulty_min_reward: float | None = field(default=None, metadata={"help": "With filtering: also drop groups whose mean reward is below this (too hard)."})
+    difficulty_max_reward: float | None = field(default=None, metadata={"help": "With filtering: also drop groups whose mean reward is above this (too easy)."})
+    oversampling_factor: float = field(default=1.0, metadata={"help": "With filtering: the first round generates this many times the batch's groups (>= 1)."})
+    max_filter_rounds: int = field(default=4, metadata={"help": "With filtering: most generation rounds per batch; a batch still short then is filled with dropped groups (zero advantage) and a message."})
+    # KL to the reference policy
+    beta: float = field(default=0.0, metadata={"help": "KL penalty to the reference policy (k3 estimator on the trained tokens, logged as kl_ref); LoRA: the base model (adapter off); full weights: a frozen copy (its memory)."})
+    # Off-policy depth
+    max_off_policy_steps: int = field(default=1, metadata={"help": "Generation runs up to this many steps ahead of training (older name: num_batches_ahead); 1 = one step off-policy."})
     # Loss masks
     mask_ratio_low: float = field(default=0.125, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is below this."})
     mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
@@ -144,3 +156,15 @@ class RLConfig(TrainingArguments):
         return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
                 "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
                 "extra_body": extra}
+
+
+_dataclass_init = RLConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init_with_legacy_keys(self, *args, **kwargs):
+    """The older key names (``rules.RENAMED_KEYS``, ``REFUSED_KEYS``) as in the TOML path."""
+    _dataclass_init(self, *args, **rename_legacy_keys(kwargs))
+
+
+RLConfig.__init__ = _init_with_legacy_keys

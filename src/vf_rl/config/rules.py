@@ -179,6 +179,8 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
                               f"{bad[0] if bad else urls!r}")
         if len(set(urls)) != len(urls):
             raise ConfigError(f"{p}vllm_server_urls: a server is listed twice")
+    check_recipe_args(a, p)
+    check_legacy_values(a, p)
 
 
 REPORT_TO_CHOICES = ("none", "wandb")
@@ -281,3 +283,73 @@ def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
         except ValidationError:
             expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
             raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None
+
+
+# --- issue 15: the RL recipe (difficulty filtering, KL, off-policy depth) ----------------------
+
+def check_recipe_args(a: dict[str, Any], p: str = "") -> None:
+    """Rules of the filtering, ``beta`` and ``max_off_policy_steps`` keys.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    if a["difficulty_threshold"] < 0:
+        raise ConfigError(f"{p}difficulty_threshold: must not be negative, got {a['difficulty_threshold']}")
+    if a["oversampling_factor"] < 1:
+        raise ConfigError(f"{p}oversampling_factor: must be at least 1, got {a['oversampling_factor']}")
+    if a["max_filter_rounds"] < 1:
+        raise ConfigError(f"{p}max_filter_rounds: must be positive, got {a['max_filter_rounds']}")
+    low, high = a["difficulty_min_reward"], a["difficulty_max_reward"]
+    if (low is not None or high is not None) and not a["use_difficulty_filtering"]:
+        key = "difficulty_min_reward" if low is not None else "difficulty_max_reward"
+        raise ConfigError(f"{p}{key} needs {p}use_difficulty_filtering = true")
+    if low is not None and high is not None and low >= high:
+        raise ConfigError(f"{p}difficulty_min_reward ({low}) must be below difficulty_max_reward ({high})")
+    if a["beta"] < 0:
+        raise ConfigError(f"{p}beta: must not be negative, got {a['beta']}")
+    if a["max_off_policy_steps"] < 1:
+        raise ConfigError(f"{p}max_off_policy_steps: must be at least 1 (1 = one step off-policy), "
+                          f"got {a['max_off_policy_steps']}")
+
+
+# --- issue 15: the older key names of the seeds (TRL / verifiers GRPOTrainer) ------------------
+
+RENAMED_KEYS = {"num_generations": "rollouts_per_example", "num_batches_ahead": "max_off_policy_steps"}
+"""Older names with the same meaning: accepted and mapped to the current key."""
+REFUSED_KEYS = {
+    "num_iterations": "each batch gets one optimizer step (num_iterations = 1); remove the key",
+}
+"""Older names with no current key of that meaning: refused with this hint."""
+
+
+def rename_legacy_keys(args: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``args`` with the older key names (``RENAMED_KEYS``) mapped to the current ones.
+
+    Raises:
+        ConfigError: a key of ``REFUSED_KEYS``, or an old and a new name given together.
+    """
+    out = dict(args)
+    for old, hint in REFUSED_KEYS.items():
+        if old in out:
+            raise ConfigError(f"{prefix}{old}: not supported: {hint}")
+    for old, new in RENAMED_KEYS.items():
+        if old in out:
+            if new in out:
+                raise ConfigError(f"{prefix}{old} is the older name of {prefix}{new}; set only {new}")
+            out[new] = out.pop(old)
+    return out
+
+
+def check_legacy_values(a: dict[str, Any], p: str = "") -> None:
+    """TrainingArguments' batch keys, which vf-rl derives itself, must not ask for something else.
+
+    Raises:
+        ConfigError: ``per_device_train_batch_size`` other than ``micro_batch_size`` (or its
+            default 8), ``gradient_accumulation_steps`` other than 1; naming the key to use.
+    """
+    if a.get("per_device_train_batch_size", 8) not in (8, a["micro_batch_size"]):
+        raise ConfigError(f"{p}per_device_train_batch_size: use {p}micro_batch_size (rollouts per forward pass "
+                          f"per process) and {p}batch_size (rollouts per optimizer step)")
+    if a.get("gradient_accumulation_steps", 1) != 1:
+        raise ConfigError(f"{p}gradient_accumulation_steps: use {p}batch_size (rollouts per optimizer step); "
+                          "its micro batches are accumulated for you")

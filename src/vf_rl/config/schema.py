@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
 
 from .fields import MISSING, rl_fields, trainer_fields
-from .rules import ConfigError, check_call_args, check_trainer_args, check_types, derive_defaults, suggest
+from .rules import ConfigError, check_call_args, check_trainer_args, check_types, derive_defaults, rename_legacy_keys, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +30,8 @@ class _Section(BaseModel):
 class EnvSection(_Section):
     id: str = Field(min_length=1, description="Environment id (module name; an owner/ prefix is dropped).")
     args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment's load_environment().")
+    weight: float = Field(default=1.0, gt=0, description="With several [[env]] tables: this environment's share "
+                          "of each batch's prompts (relative to the others).")
 
 
 class InferenceSection(_Section):
@@ -59,9 +61,15 @@ class VfRlConfig(_Section):
     """A whole vf-rl TOML file."""
 
     model: str = Field(min_length=1, description="Hub id or local model directory.")
-    env: EnvSection
+    env: EnvSection | list[EnvSection] = Field(description="An [env] table, or [[env]] tables for several "
+                                               "environments in one run (sampled by weight per batch).")
     inference: InferenceSection
     trainer: TrainerSection
+
+    @property
+    def envs(self) -> list[EnvSection]:
+        """The environment tables: ``[env]`` as a list of one, or every ``[[env]]``."""
+        return self.env if isinstance(self.env, list) else [self.env]
 
     @field_validator("model")
     @classmethod
@@ -81,11 +89,24 @@ def _location(loc: tuple) -> str:
 def _section_keys(loc: tuple) -> list[str]:
     model: type[BaseModel] = VfRlConfig
     for part in loc[:-1]:
-        annotation = model.model_fields[part].annotation
+        if isinstance(part, int):  # an [[env]] table
+            continue
+        annotation = EnvSection if (model, part) == (VfRlConfig, "env") else model.model_fields[part].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
         model = annotation
     return list(model.model_fields)
+
+
+def _first_error(errors: list[dict], data: dict) -> dict:
+    """The first error of the ``env`` branch the file used (``[env]`` or ``[[env]]``), with
+    pydantic's union tag taken out of its location."""
+    wrong, tag = ("EnvSection", "list[EnvSection]") if isinstance(data.get("env"), list) else \
+        ("list[EnvSection]", "EnvSection")
+    errors = [e for e in errors if e["loc"][:2] != ("env", wrong)] or errors
+    err = dict(errors[0])
+    err["loc"] = tuple(part for i, part in enumerate(err["loc"]) if not (i == 1 and part == tag))
+    return err
 
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -178,14 +199,18 @@ def validate_env(config: "VfRlConfig") -> None:
     """
     from vf_rl.envs.registry import import_environment_module
 
-    try:
-        module = import_environment_module(config.env.id)
-    except ValueError as exc:  # unknown id, or no load_environment()
-        raise ConfigError(f"env.id: {exc}") from None
-    except Exception as exc:
-        raise ConfigError(f"env.id: importing environment module for {config.env.id!r} failed: "
-                          f"{type(exc).__name__}: {exc}") from None
-    check_call_args(module.load_environment, config.env.args, prefix="env.args.")
+    if not config.envs:
+        raise ConfigError("env: [[env]] needs at least one table with an id")
+    for i, entry in enumerate(config.envs):
+        where = "env" if len(config.envs) == 1 else f"env[{i}]"
+        try:
+            module = import_environment_module(entry.id)
+        except ValueError as exc:  # unknown id, or no load_environment()
+            raise ConfigError(f"{where}.id: {exc}") from None
+        except Exception as exc:
+            raise ConfigError(f"{where}.id: importing environment module for {entry.id!r} failed: "
+                              f"{type(exc).__name__}: {exc}") from None
+        check_call_args(module.load_environment, entry.args, prefix=f"{where}.args.")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":
@@ -207,7 +232,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
     try:
         config = VfRlConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        err = _first_error(exc.errors(), data)
         key = _location(err["loc"]) or "(top level)"
         if err["type"] == "missing":
             raise ConfigError(f"{path}: required key '{key}' is missing") from None
@@ -219,6 +244,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
     if looks_local and not model_path.exists():
         raise ConfigError(f"{path}: model: local model directory '{config.model}' does not exist")
     try:
+        config.trainer.args = rename_legacy_keys(config.trainer.args, "trainer.args.")
         validate_trainer_args(config)
         validate_inference_args(config)
         validate_env(config)

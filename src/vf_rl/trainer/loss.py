@@ -24,7 +24,8 @@ epsilon_high) * A)`` (Schulman et al. arXiv:1707.06347; GRPO, arXiv:2402.03300) 
 asymmetric clip-higher (arXiv:2503.14476).
 
 Both divide by N, the number of loss tokens in the whole global batch (DAPO's token-level
-normalisation), so micro batches and processes add up to the mean over the batch.
+normalisation), so micro batches and processes add up to the mean over the batch, and both add
+``beta`` times the k3 KL to the reference policy (:func:`kl_penalty`, logged as ``kl_ref``).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ class LossInputs:
         entropy: ``[B, T]`` float32, the policy's entropy at each position (nats, no grad).
         loss_normalizer: loss tokens of the global batch / trainer processes (> 0), so that
             summing micro batches and averaging processes gives the batch mean.
+        ref_logprobs: ``[B, T]`` float32, the same tokens' log-probs under the reference policy
+            (no grad); only when ``beta > 0`` (see :func:`kl_penalty`), else ``None``.
     """
 
     trainer_logprobs: torch.Tensor
@@ -64,6 +67,7 @@ class LossInputs:
     loss_mask: torch.Tensor
     entropy: torch.Tensor
     loss_normalizer: float
+    ref_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -106,6 +110,21 @@ def policy_stats(inputs: LossInputs, log_ratio: torch.Tensor) -> dict[str, torch
         }
 
 
+def kl_penalty(inputs: LossInputs, args: RLConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``beta`` times the KL to the reference policy, and its statistic ``kl_ref``.
+
+    k3 estimator of KL(policy || reference) per trained token (Schulman 2020, "Approximating KL
+    divergence"; as in GRPO, arXiv:2402.03300): with ``d = logp_ref - logp_trainer``,
+    ``k3 = exp(d) - d - 1 >= 0``. The term is ``beta * sum(k3 on the loss mask) / N`` (N as in
+    the losses); ``(0, {})`` when ``inputs.ref_logprobs`` is ``None``.
+    """
+    if inputs.ref_logprobs is None:
+        return inputs.trainer_logprobs.new_zeros(()), {}
+    d = (inputs.ref_logprobs - inputs.trainer_logprobs).masked_fill(~inputs.loss_mask, 0.0)
+    k3 = (torch.exp(d) - d - 1.0).sum()
+    return args.beta * k3 / inputs.loss_normalizer, {"kl_ref": k3.detach()}
+
+
 def cispo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
     """Token-level CISPO with importance-ratio masking (``args.mask_ratio_low``/``high``).
 
@@ -121,10 +140,11 @@ def cispo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
     low, high = (ratio < args.mask_ratio_low) & mask, (ratio > args.mask_ratio_high) & mask
     keep = mask & ~low & ~high
     loss = (-ratio * inputs.advantages[:, None]).masked_fill(~keep, 0.0).sum() / inputs.loss_normalizer
-    stats = policy_stats(inputs, log_ratio)
+    kl_loss, stats = kl_penalty(inputs, args)
+    stats |= policy_stats(inputs, log_ratio)
     stats |= {"masked/low_fraction": low.sum().float(), "masked/high_fraction": high.sum().float(),
               "tokens/masked_fraction": (low | high).sum().float()}
-    return LossOutput(loss, stats)
+    return LossOutput(loss + kl_loss, stats)
 
 
 def dapo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
@@ -143,11 +163,12 @@ def dapo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
     per_token = -torch.minimum(ratio * advantages, clipped_ratio * advantages)
     loss = per_token.masked_fill(~inputs.loss_mask, 0.0).sum() / inputs.loss_normalizer
     mask = inputs.loss_mask
-    stats = policy_stats(inputs, log_ratio)
+    kl_loss, stats = kl_penalty(inputs, args)
+    stats |= policy_stats(inputs, log_ratio)
     with torch.no_grad():
         stats |= {"clipped/low_fraction": ((ratio < 1.0 - args.epsilon_low) & (advantages < 0) & mask).sum().float(),
                   "clipped/high_fraction": ((ratio > 1.0 + args.epsilon_high) & (advantages > 0) & mask).sum().float()}
-    return LossOutput(loss, stats)
+    return LossOutput(loss + kl_loss, stats)
 
 
 LOSSES: dict[str, LossFn] = {"cispo": cispo_loss, "dapo": dapo_loss}

@@ -21,10 +21,11 @@ from typing import Callable
 
 from vf_rl.envs import Environment, Rollout
 from vf_rl.inference.client import openai_client
-from vf_rl.metrics import rollout_metrics
+from vf_rl.metrics import env_metrics, rollout_metrics
 
 from .advantage import AdvantageFn, compute_advantages, group_mean
 from .batching import Sample, rollout_to_samples
+from .filtering import DifficultyFilter
 
 SERVER_ERRORS = ("APIConnectionError",)
 """Rollout errors that mean the server could not be reached (it died or restarts)."""
@@ -81,6 +82,8 @@ class Orchestrator:
         mask_truncated_completions: truncated completions get no loss tokens.
         zero_truncated_completions: truncated completions get reward 0.
         mask_env_responses: environment-written tokens get no loss (multi-turn).
+        difficulty_filter: drop groups without reward spread and refill (``filtering.py``);
+            ``None``: off.
     """
 
     def __init__(self, env: Environment, rows: list[dict], *, base_url: str | list[str], model_name: str,
@@ -88,7 +91,8 @@ class Orchestrator:
                  rollouts_per_example: int, sampling_args: dict, max_seq_len: int,
                  advantage_fn: AdvantageFn = group_mean, max_concurrent: int = 1024, generation_timeout: float = 600.0,
                  request_timeout: float = 600.0, mask_truncated_completions: bool = False,
-                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl"):
+                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl",
+                 difficulty_filter: DifficultyFilter | None = None):
         if not rows:
             raise ValueError("the environment has no training rows (after filtering by max_prompt_len)")
         self.env, self.rows, self.model_name = env, rows, model_name
@@ -97,7 +101,7 @@ class Orchestrator:
         self.sampling_args, self.max_seq_len, self.advantage_fn = sampling_args, max_seq_len, advantage_fn
         self.max_concurrent, self.generation_timeout = max_concurrent, generation_timeout
         self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
-        self.mask_env_responses = mask_env_responses
+        self.mask_env_responses, self.difficulty_filter = mask_env_responses, difficulty_filter
         self._futures: dict[int, Future] = {}
         self._done: dict[int, int] = {}  # step -> rollouts finished so far (progress)
         self._loop = asyncio.new_event_loop()
@@ -121,17 +125,24 @@ class Orchestrator:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=timeout)
 
     def rows_for_step(self, step: int) -> list[dict]:
-        """The dataset rows of batch ``step`` (:func:`batch_rows`)."""
+        """The dataset rows of batch ``step`` (:func:`batch_rows`; several environments: split by
+        weight, ``envs/mixture.py``)."""
+        if hasattr(self.env, "rows_for_step"):
+            return self.env.rows_for_step(self.rows, step, self.prompts_per_batch)
         return batch_rows(self.rows, step, self.prompts_per_batch)
 
     def submitted(self, step: int) -> bool:
         """Whether batch ``step`` is being generated or waits to be taken."""
         return step in self._futures
 
-    def submit(self, step: int) -> None:
-        """Start generating batch ``step`` in the background (no-op if already submitted)."""
+    def submit(self, step: int, policy_step: int | None = None) -> None:
+        """Start generating batch ``step`` in the background (no-op if already submitted).
+
+        ``policy_step``: the optimizer step whose weights the server holds now (default
+        ``step``); ``step - policy_step`` is logged as ``off_policy/staleness``."""
         if step not in self._futures:
-            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step), self._loop)
+            staleness = step - (step if policy_step is None else policy_step)
+            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step, staleness), self._loop)
 
     def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> Batch:
         """Wait for batch ``step`` (submitting it first if needed) and take it.
@@ -202,7 +213,7 @@ class Orchestrator:
         rollouts = [r for i in range(len(rows)) for r in by_row[i][1]]
         return rollouts, [by_row[i][0] for i in range(len(rows)) for _ in range(rollouts_per_example)]
 
-    async def _generate(self, step: int) -> Batch:
+    async def _generate(self, step: int, staleness: int = 0) -> Batch:
         start = time.perf_counter()
         rows = self.rows_for_step(step)
         self._done[step] = 0
@@ -210,7 +221,27 @@ class Orchestrator:
         def on_done(_rollout):
             self._done[step] += 1
 
-        rollouts, servers = await self._rollouts(rows, self.rollouts_per_example, on_done=on_done)
+        server_of: dict[int, int] = {}  # id(rollout) -> the server it went to
+
+        async def generate(rows: list[dict]) -> list[Rollout]:
+            rollouts, servers = await self._rollouts(rows, self.rollouts_per_example, on_done=on_done)
+            server_of.update({id(r): s for r, s in zip(rollouts, servers)})
+            if self.zero_truncated:
+                for r in rollouts:
+                    if r.is_truncated:
+                        r.reward = 0.0
+            return rollouts
+
+        filter_metrics = {}
+        if self.difficulty_filter is None:
+            rollouts = await generate(rows)
+        else:
+            def draw(round_index: int, n: int) -> list[dict]:
+                return self.difficulty_filter.extra_rows(self.rows, step, round_index, n)
+
+            rows, rollouts, filter_metrics = await self.difficulty_filter.fill(step, rows, self.rollouts_per_example,
+                                                                                draw, generate)
+        servers = [server_of.get(id(r), 0) for r in rollouts]
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
         lost = {s for r, s in zip(rollouts, servers) if r.error and r.error.startswith(SERVER_ERRORS)}
@@ -222,10 +253,6 @@ class Orchestrator:
         for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
             print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss): {cause}",
                   file=sys.stderr, flush=True)
-        if self.zero_truncated:
-            for r in rollouts:
-                if r.is_truncated:
-                    r.reward = 0.0
         advantages = compute_advantages(self.advantage_fn, rollouts, self.rollouts_per_example)
         samples = []
         for rollout, advantage in zip(rollouts, advantages):
@@ -233,7 +260,10 @@ class Orchestrator:
                 continue
             samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
         completion_tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
-        metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), "timing/generation_s": generation_s,
+        metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), **filter_metrics,
+                   **env_metrics(rows, rollouts, self.rollouts_per_example),
+                   "off_policy/staleness": float(staleness),
+                   "timing/generation_s": generation_s,
                    "advantage/absmean": statistics.fmean(abs(a) for a in advantages),
                    "throughput/generation_tokens_per_s": completion_tokens / max(generation_s, 1e-9)}
         if len(self.clients) > 1:

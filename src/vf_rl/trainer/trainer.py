@@ -39,13 +39,15 @@ from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.inference.supervision import MAX_RESTARTS
-from vf_rl.metrics import rollout_metrics
+from vf_rl.metrics import env_metrics, rollout_metrics
 
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, prompt_rows, shard
+from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
+from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 
 
@@ -205,6 +207,8 @@ class RLTrainer(Trainer):
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
                          eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
         self.env = env
+        # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
+        self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -284,7 +288,8 @@ class RLTrainer(Trainer):
             max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
             generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
             mask_truncated_completions=a.mask_truncated_completions,
-            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses)
+            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
+            difficulty_filter=DifficultyFilter.from_args(a))
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint
@@ -310,10 +315,12 @@ class RLTrainer(Trainer):
     def _next_batch(self, step: int) -> Batch:
         """Batch ``step``, with the weights synced before batch ``step + 1`` starts generating.
 
-        Batch ``step`` was generated with the weights of step ``step - 1`` (or, right after a
-        resume, is generated now with the checkpoint's). Then the server gets the current weights
-        and batch ``step + 1`` is submitted, so it generates while this step trains. Every
-        process gets the main process's batch."""
+        Batch ``step`` was submitted with the weights of step ``step - max_off_policy_steps`` (or
+        later; right after a resume it is generated now with the checkpoint's). Then the server
+        gets the current weights and batches up to ``step + max_off_policy_steps`` are submitted,
+        so they generate while this step trains (batches already in flight finish with the new
+        weights: each token's sampling log-prob is the one it was drawn with, so the importance
+        ratio stays exact). Every process gets the main process's batch."""
         batch = None
         if self.is_world_process_zero():
             if not self.orchestrator.submitted(step) and self._synced_step != step:
@@ -324,8 +331,9 @@ class RLTrainer(Trainer):
         if self._synced_step != step:
             with self._timed("sync_s"):
                 self.sync_weights(step)
-        if self.is_world_process_zero() and step + 1 < self.args.max_steps:
-            self.orchestrator.submit(step + 1)
+        if self.is_world_process_zero():  # up to max_off_policy_steps ahead, generated with this step's weights
+            for ahead in range(step + 1, min(step + self.args.max_off_policy_steps + 1, self.args.max_steps)):
+                self.orchestrator.submit(ahead, policy_step=step)
         return self._share_batch(batch)
 
     def _wait_for_batch(self, step: int) -> Batch:
@@ -425,9 +433,11 @@ class RLTrainer(Trainer):
             self.accelerator.sync_gradients = last
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 with self.compute_loss_context_manager():
+                    ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model, mb, start,
+                                              a.temperature, self._logits_to_keep) if a.beta > 0 else None)
                     logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
                     out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
-                                                  mb["loss_mask"][:, start:], entropy, normalizer), a)
+                                                  mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
                 self.accelerator.backward(out.loss)
             total_loss += out.loss.detach()
             for k, v in out.stats.items():
@@ -457,8 +467,9 @@ class RLTrainer(Trainer):
             return {}
         start = time.perf_counter()
         rollouts = self.orchestrator.run(self._eval_rows, self.args.eval_rollouts_per_example)
-        metrics = {f"{metric_key_prefix}/{k}": v
-                   for k, v in rollout_metrics(rollouts, self.args.eval_rollouts_per_example).items()}
+        group = self.args.eval_rollouts_per_example
+        metrics = {f"{metric_key_prefix}/{k}": v for k, v in {**rollout_metrics(rollouts, group),
+                                                              **env_metrics(self._eval_rows, rollouts, group)}.items()}
         metrics[f"{metric_key_prefix}/timing_s"] = time.perf_counter() - start
         self.log(metrics)
         self._last_eval = (step, metrics)
