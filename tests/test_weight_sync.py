@@ -89,7 +89,7 @@ def test_auto_does_not_pick_nccl_for_a_server_on_another_host():
 
 def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
     from vf_rl.config.rl_config import RLConfig
-    from vf_rl.trainer import trainer as trainer_module
+    from vf_rl.trainer import model as trainer_module
 
     args = RLConfig(output_dir="/tmp/unused", use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2)
     assert trainer_module.attention_implementation(args) == "sdpa"

@@ -15,18 +15,16 @@ environment's eval split; it does not change which rows the training batches use
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import inspect
 import json
 import os
 import shutil
 import time
-import warnings
 from pathlib import Path
 
 import httpx
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer, TrainerCallback
+from transformers import AutoTokenizer, PreTrainedModel, Trainer
 from transformers.trainer_callback import ProgressCallback
 
 try:
@@ -44,58 +42,13 @@ from vf_rl.metrics import env_metrics, rollout_metrics
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, prompt_rows, shard
+from .callbacks import QuietProgress, RunCallback, append_jsonl, truncate_jsonl
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
+from .model import apply_liger, apply_lora, attention_implementation, load_model  # noqa: F401  (public here too)
 from .orchestrator import Batch, Orchestrator
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
-
-
-def attention_implementation(args: RLConfig) -> str:
-    """``args.attn_implementation`` if set; else ``flash_attention_2`` on a GPU in bf16 when
-    the ``flash_attn`` package is installed, ``sdpa`` otherwise."""
-    if args.attn_implementation:
-        return args.attn_implementation
-    if args.bf16 and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"
-
-
-def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
-    """Patch ``model`` with liger-kernel's fused kernels (RMSNorm, RoPE, SwiGLU) when
-    ``args.use_liger`` and training on a GPU. Warns (once) and returns False when
-    liger-kernel is not installed; returns whether the model was patched."""
-    if not args.use_liger or not torch.cuda.is_available() or args.use_cpu:
-        return False
-    if importlib.util.find_spec("liger_kernel") is None:
-        warnings.warn("use_liger = true but liger-kernel is not installed: training without it "
-                      "(pip install liger-kernel, or set use_liger = false to silence this)", stacklevel=2)
-        return False
-    from liger_kernel.transformers import _apply_liger_kernel_to_instance
-
-    _apply_liger_kernel_to_instance(model=model)
-    return True
-
-
-def load_model(model: str, args: RLConfig) -> PreTrainedModel:
-    """Load a causal LM (hub id or local directory) for training: bf16 when ``args.bf16``,
-    float32 otherwise; attention from :func:`attention_implementation`; liger kernels from
-    :func:`apply_liger`."""
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attention_implementation(args))
-    apply_liger(loaded, args)
-    return loaded
-
-
-def apply_lora(model: PreTrainedModel, args: RLConfig):
-    """Wrap ``model`` in a peft LoRA model built from the ``lora_*`` arguments."""
-    from peft import LoraConfig, get_peft_model
-
-    config = args.lora_config or LoraConfig(
-        r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-        target_modules=args.lora_target_modules, modules_to_save=args.lora_modules_to_save,
-        use_rslora=args.lora_use_rslora, task_type="CAUSAL_LM")
-    return get_peft_model(model, config)
 
 
 class _StepsDataset(torch.utils.data.Dataset):
@@ -110,64 +63,6 @@ class _StepsDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return {"step": i}
-
-
-def _append_jsonl(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-
-
-def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop records of steps after ``last_step`` (a resume redoes them); atomic rewrite."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
-
-
-class _RunCallback(TrainerCallback):
-    """Always save the final step; empty the device cache every ``torch_empty_cache_steps``;
-    write ``metrics.jsonl``, the console line and the plot."""
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step >= state.max_steps:
-            control.should_save = True
-        if args.torch_empty_cache_steps and state.global_step % args.torch_empty_cache_steps == 0:
-            from accelerate.utils import clear_device_cache
-
-            clear_device_cache()
-        return control
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
-            return
-        record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-        _append_jsonl(Path(args.output_dir) / "metrics.jsonl", record)
-        if "reward" in logs:
-            display.step_line(state.global_step, state.max_steps, logs)
-        elif "eval/reward" in logs:
-            display.eval_line(state.global_step, logs)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            from vf_rl.plot import plot_run
-
-            try:
-                print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)
-            except Exception as exc:  # a plot must never fail a finished run
-                print(f"(no plot: {exc})", flush=True)
-
-
-class _QuietProgress(ProgressCallback):
-    """The progress bar without ``Trainer``'s raw dict print (we print our own line)."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        pass
 
 
 class RLTrainer(Trainer):
@@ -215,8 +110,8 @@ class RLTrainer(Trainer):
         # the LM head runs only on completion positions (models without the argument: all positions)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.remove_callback(ProgressCallback)
-        self.add_callback(_QuietProgress)
-        self.add_callback(_RunCallback)
+        self.add_callback(QuietProgress)
+        self.add_callback(RunCallback)
         self.servers = [InferenceClient(url=url, timeout=args.vllm_server_timeout) for url in args.server_urls()]
         self.orchestrator: Orchestrator | None = None  # main process only
         self.weight_sync = None  # main process only: a transport from weight_sync.py
@@ -299,7 +194,7 @@ class RLTrainer(Trainer):
             raise ValueError(f"resume_from_checkpoint: no checkpoint found ({checkpoint!r} in {self.args.output_dir})")
         step = json.loads((Path(path) / "trainer_state.json").read_text())["global_step"]
         for name in ("metrics.jsonl", "batches.jsonl"):
-            _truncate_jsonl(Path(self.args.output_dir) / name, step)
+            truncate_jsonl(Path(self.args.output_dir) / name, step)
         print(f"Resuming from {path} (step {step})", flush=True)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
@@ -390,7 +285,7 @@ class RLTrainer(Trainer):
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
         if not self.is_world_process_zero():
             return
-        _append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
+        append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
         if batch.step % max(int(self.args.logging_steps), 1) == 0:
             display.sample_table(batch, batch.step + 1)
             self._log_sample_table(batch)

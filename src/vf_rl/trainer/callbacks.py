@@ -1,0 +1,71 @@
+"""What a run leaves behind every step besides the weights: ``metrics.jsonl``, the console
+line, the plot at the end, and the final checkpoint (``Trainer`` callbacks)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ProgressCallback
+
+from . import display
+
+
+def append_jsonl(path: Path, record: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+
+
+def truncate_jsonl(path: Path, last_step: int) -> None:
+    """Drop records of steps after ``last_step`` (a resume redoes them); atomic rewrite."""
+    if not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class RunCallback(TrainerCallback):
+    """Always save the final step; empty the device cache every ``torch_empty_cache_steps``;
+    write ``metrics.jsonl``, the console line and the plot."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+        if args.torch_empty_cache_steps and state.global_step % args.torch_empty_cache_steps == 0:
+            from accelerate.utils import clear_device_cache
+
+            clear_device_cache()
+        return control
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+        append_jsonl(Path(args.output_dir) / "metrics.jsonl", record)
+        if "reward" in logs:
+            display.step_line(state.global_step, state.max_steps, logs)
+        elif "eval/reward" in logs:
+            display.eval_line(state.global_step, logs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from vf_rl.plot import plot_run
+
+            try:
+                print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)
+            except Exception as exc:  # a plot must never fail a finished run
+                print(f"(no plot: {exc})", flush=True)
+
+
+class QuietProgress(ProgressCallback):
+    """The progress bar without ``Trainer``'s raw dict print (we print our own line)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        pass

@@ -1,0 +1,58 @@
+"""Loading the model to train: dtype, attention kernel, liger kernels, the LoRA adapter."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from vf_rl.config.rl_config import RLConfig
+
+
+def attention_implementation(args: RLConfig) -> str:
+    """``args.attn_implementation`` if set; else ``flash_attention_2`` on a GPU in bf16 when
+    the ``flash_attn`` package is installed, ``sdpa`` otherwise."""
+    if args.attn_implementation:
+        return args.attn_implementation
+    if args.bf16 and torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
+    """Patch ``model`` with liger-kernel's fused kernels (RMSNorm, RoPE, SwiGLU) when
+    ``args.use_liger`` and training on a GPU. Warns (once) and returns False when
+    liger-kernel is not installed; returns whether the model was patched."""
+    if not args.use_liger or not torch.cuda.is_available() or args.use_cpu:
+        return False
+    if importlib.util.find_spec("liger_kernel") is None:
+        warnings.warn("use_liger = true but liger-kernel is not installed: training without it "
+                      "(pip install liger-kernel, or set use_liger = false to silence this)", stacklevel=2)
+        return False
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model)
+    return True
+
+
+def load_model(model: str, args: RLConfig) -> PreTrainedModel:
+    """Load a causal LM (hub id or local directory) for training: bf16 when ``args.bf16``,
+    float32 otherwise; attention from :func:`attention_implementation`; liger kernels from
+    :func:`apply_liger`."""
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=attention_implementation(args))
+    apply_liger(loaded, args)
+    return loaded
+
+
+def apply_lora(model: PreTrainedModel, args: RLConfig):
+    """Wrap ``model`` in a peft LoRA model built from the ``lora_*`` arguments."""
+    from peft import LoraConfig, get_peft_model
+
+    config = args.lora_config or LoraConfig(
+        r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+        target_modules=args.lora_target_modules, modules_to_save=args.lora_modules_to_save,
+        use_rslora=args.lora_use_rslora, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
