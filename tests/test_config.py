@@ -297,12 +297,16 @@ AGREE_REJECT = {
     "server port": ({"vllm_server_port": 0}, "vllm_server_port: not a port number"),
     "zero generation timeout": ({"generation_timeout": 0.0}, "generation_timeout: must be positive"),
     "zero lora rank": ({"lora_rank": 0}, "lora_rank: must be positive"),
+    "token budget below max_seq_len": ({"micro_batch_tokens": 100},
+                                       "micro_batch_tokens (100) must be at least max_seq_len (512)"),
     "int as str": ({"batch_size": "8"}, "batch_size: expected int, got '8'"),
     "int as bool": ({"use_lora": 1}, "use_lora: expected bool, got 1"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
     "max_tokens below max_seq_len": {"max_tokens": 511},
+    "padded micro batches": {"padding_free": False},
+    "token budget": {"micro_batch_tokens": 4096},
     "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
     "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss", "advantage_type": "my_module:my_advantage"},
 }
