@@ -18,8 +18,9 @@ weight decay). Two batch modes (``--mode``):
 
 TRL gets each micro batch (``--micro-batch`` consecutive rollouts) left-padded prompts and
 right-padded completions, as ``_generate_and_score_completions`` builds them; vf-rl gets the
-samples (with their group and prompt length) and batches them its own way (``padding_free``,
-``micro_batch_tokens`` = micro batch x longest sequence by default, ``share_prompts``). One
+samples (with their group and prompt length) and batches them its own way (defaults:
+``padding_free``: the same ``--micro-batch`` rollouts per pass, packed without padding;
+``share_prompts``). One
 timed step is, per side:
 
 * vf-rl: ``RLTrainer._train_on_batch(model, batch)`` (micro batches, forward, log-probs,
@@ -50,7 +51,8 @@ batch 0 before any optimizer step: each side's reported loss against the formula
 from the same log-probs, and the cosine / relative difference of the two gradients.
 
 Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts); ``vf-rl-noshare``
-(``share_prompts = false``); ``vf-rl-padded`` (``padding_free = false``: the padded path).
+(``share_prompts = false``); ``vf-rl-padded`` (``padding_free = false``: the padded path);
+``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch x longest sequence: fewer, fuller passes).
 
 Usage (from the repo root; TRL and datasets need not be in the venv, see benchmarks/README.md):
 
@@ -120,7 +122,8 @@ MODEL_CONFIGS = {
 # Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
-VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False}}
+VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
+               "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"}}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -149,7 +152,7 @@ def parse_args(argv=None):
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
     p.add_argument("--sides", default="vf-rl,trl",
-                   help="comma list, run in this order: vf-rl, vf-rl-noshare, vf-rl-padded, trl")
+                   help="comma list, run in this order: vf-rl, vf-rl-noshare, vf-rl-padded, vf-rl-tokens, trl")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
@@ -337,6 +340,8 @@ class VfSide:
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
                       use_liger=False, temperature=1.0, logging_steps=1, **self.overrides)
+        if "micro_batch_tokens" in self.overrides:  # pack by tokens: the padded path's largest micro batch
+            wanted["micro_batch_tokens"] = a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
         config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
         env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)

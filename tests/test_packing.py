@@ -36,6 +36,7 @@ def test_pack_samples_fills_the_token_budget_in_order():
     # sharing: 8 + 4 + 2 = 14 for the first group, then the second group's 7 does not fit
     assert [len(mb) for mb in pack_samples(samples, 17, share_prompts=True)] == [3, 1]
     assert [len(mb) for mb in pack_samples(samples, 3)] == [1, 1, 1, 1]  # each longer than the budget: alone
+    assert [len(mb) for mb in pack_samples(samples, 100, share_prompts=True, max_samples=3)] == [3, 1]
     with pytest.raises(ValueError, match="micro_batch_tokens must be positive"):
         pack_samples(samples, 0)
 

@@ -43,7 +43,7 @@ class RLConfig(TrainingArguments):
     batch_size: int = field(default=512, metadata={"help": "Rollouts per optimizer step (global)."})
     micro_batch_size: int = field(default=8, metadata={"help": "Rollouts per forward/backward pass per process."})
     padding_free: bool = field(default=True, metadata={"help": "Pack each micro batch's samples into one row of real tokens (no padding; attention stays within each sample) instead of padding micro_batch_size rows."})
-    micro_batch_tokens: int | None = field(default=None, metadata={"help": "padding_free only: most tokens per forward/backward pass per process (None: micro_batch_size * max_seq_len, the padded path's largest micro batch)."})
+    micro_batch_tokens: int | None = field(default=None, metadata={"help": "padding_free only: pack up to this many tokens per forward/backward pass per process, any number of samples (None: micro_batch_size samples per pass, as padded micro batches without their padding)."})
     share_prompts: bool = field(default=True, metadata={"help": "padding_free only: rollouts of one prompt in a micro batch compute the prompt once and attend to its keys/values (same log-probs and gradients, fewer tokens)."})
     max_seq_len: int = field(default=2048, metadata={"help": "Longest training sequence (prompt + completion), tokens."})
     max_prompt_len: int = field(default=512, metadata={"help": "Prompts longer than this (tokens) are filtered out."})

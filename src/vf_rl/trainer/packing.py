@@ -4,7 +4,9 @@ Three pieces, used by ``RLTrainer._train_on_batch`` when ``padding_free`` is on:
 
 1. **Packing** (:func:`pack_samples`, :func:`packed_micro_batch`): the samples of a micro batch
    are laid end to end in ONE row of ``N`` real tokens (no padding), chosen greedily in batch
-   order until ``micro_batch_tokens`` is reached. ``position_ids`` restart at 0 for every
+   order: ``micro_batch_size`` samples (the padded path's micro batches without their padding,
+   so never more memory), or, when ``micro_batch_tokens`` is set, as many as fit in that many
+   tokens. ``position_ids`` restart at 0 for every
    sample, and attention stays inside each sample (:func:`packed_attention_forward`).
 2. **Shared prompts** (``share_prompts``): consecutive samples of one group (``Sample.group``,
    same first ``Sample.prompt_len`` tokens: the rollouts of one example) put that prompt in the
@@ -55,8 +57,10 @@ def _shares_prompt(sample: Sample, prev: Sample | None, share_prompts: bool) -> 
             and sample.input_ids[:p] == prev.input_ids[:p] and not any(sample.loss_mask[1:p]))
 
 
-def pack_samples(samples: list[Sample], token_budget: int, share_prompts: bool = False) -> list[list[Sample]]:
-    """Split ``samples`` (in order) into micro batches of at most ``token_budget`` real tokens.
+def pack_samples(samples: list[Sample], token_budget: int, share_prompts: bool = False,
+                 max_samples: int | None = None) -> list[list[Sample]]:
+    """Split ``samples`` (in order) into micro batches of at most ``token_budget`` real tokens
+    (and at most ``max_samples`` samples, when given).
 
     A sample costs ``len(input_ids)`` tokens, or ``len(input_ids) - prompt_len`` when it
     shares the prompt of the sample before it in the same micro batch (``share_prompts``). A
@@ -73,7 +77,7 @@ def pack_samples(samples: list[Sample], token_budget: int, share_prompts: bool =
     for s in samples:
         shared = _shares_prompt(s, current[-1] if current else None, share_prompts)
         cost = len(s.input_ids) - (s.prompt_len if shared else 0)
-        if current and used + cost > token_budget:
+        if current and (used + cost > token_budget or (max_samples and len(current) >= max_samples)):
             batches.append(current)
             current, used, cost = [], 0, len(s.input_ids)
         current.append(s)
@@ -84,12 +88,12 @@ def pack_samples(samples: list[Sample], token_budget: int, share_prompts: bool =
 
 
 def pack_for_rank(samples: list[Sample], world_size: int, rank: int, token_budget: int,
-                  share_prompts: bool = False) -> list[list[Sample]]:
+                  share_prompts: bool = False, max_samples: int | None = None) -> list[list[Sample]]:
     """This process's packed micro batches: samples dealt round-robin (process ``rank`` gets
     ``rank, rank + world_size, ...``, so a group's rollouts stay next to each other), packed,
     then padded with empty micro batches (one token, no loss) to the largest count over the
     processes, so every process runs the same number of forward/backward passes (DDP, ZeRO-3)."""
-    packs = [pack_samples(samples[r::world_size], token_budget, share_prompts) for r in range(world_size)]
+    packs = [pack_samples(samples[r::world_size], token_budget, share_prompts, max_samples) for r in range(world_size)]
     most = max(len(p) for p in packs)
     return packs[rank] + [[Sample([0], [0], [0.0], 0.0)] for _ in range(most - len(packs[rank]))]
 
@@ -136,7 +140,8 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> di
         ``layout`` (:class:`PackedLayout`), ``predict_index`` ``[M]`` long (the row position
         whose hidden state predicts each trained-side token), ``targets`` ``[M]`` long,
         ``valid`` ``[B, T]`` bool (which of the ``[B, T]`` cells hold one of the ``M``
-        tokens, in row-major order), ``loss_mask`` ``[B, T]`` bool, ``sampling_logprobs``
+        tokens, in row-major order), ``cells`` ``[M]`` long (their flat indices in ``[B * T]``),
+        ``loss_mask`` ``[B, T]`` bool, ``sampling_logprobs``
         ``[B, T]`` float32, ``advantages`` ``[B]`` float32 and ``tokens`` (``N``, an int).
         Column ``t`` of row ``b`` is token ``first_trained(sample_b) + t`` of sample ``b``
         (``T`` = the longest such tail).
@@ -170,10 +175,11 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> di
     valid = torch.zeros(B, T, dtype=torch.bool)
     loss_mask = torch.zeros(B, T, dtype=torch.bool)
     sampling = torch.zeros(B, T, dtype=torch.float32)
-    predict, targets = [], []
+    predict, targets, cells = [], [], []
     for b, (s, st, pm) in enumerate(zip(samples, starts, pos_maps)):
         n = len(s.input_ids) - st
         valid[b, :n] = True
+        cells += range(b * T, b * T + n)
         loss_mask[b, :n] = torch.tensor(s.loss_mask[st:], dtype=torch.bool)
         sampling[b, :n] = torch.tensor(s.sampling_logprobs[st:], dtype=torch.float32)
         predict += pm[st - 1:len(s.input_ids) - 1]
@@ -187,7 +193,8 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> di
         segments=segments)
     return {"input_ids": torch.tensor([ids], dtype=torch.long), "position_ids": torch.tensor([positions]),
             "layout": layout, "predict_index": torch.tensor(predict, dtype=torch.long),
-            "targets": torch.tensor(targets, dtype=torch.long), "valid": valid, "loss_mask": loss_mask,
+            "targets": torch.tensor(targets, dtype=torch.long), "valid": valid,
+            "cells": torch.tensor(cells, dtype=torch.long), "loss_mask": loss_mask,
             "sampling_logprobs": sampling, "advantages": torch.tensor([s.advantage for s in samples]),
             "tokens": len(ids)}
 
@@ -292,8 +299,9 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
 
 def _packed_mask(attention_mask=None, **kwargs):
-    """Mask function for ``"vf_rl_packed"``: none for packed forwards (no 2D mask given: the
-    layout defines attention), transformers' sdpa mask otherwise (padded batches)."""
+    """Mask function for ``"vf_rl_packed"`` forwards without a layout: none without a 2-D mask
+    (sdpa is then causal), transformers' sdpa mask for padded batches. (Packed forwards pass a
+    4-D mask, which transformers hands through without calling this.)"""
     if attention_mask is None:
         return None
     from transformers.masking_utils import sdpa_mask
@@ -343,7 +351,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        # accumulated in the weight's dtype (as autograd would): a float32 copy of a 150k-vocabulary
+        # head would cost more memory than the logits this avoids
+        grad_w = torch.zeros_like(weight) if need_w else None
         h_all = hidden.to(weight.dtype)
         for i in range(0, hidden.shape[0], chunk):
             h = h_all[i:i + chunk]
@@ -357,8 +367,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
             if need_h:
                 grad_h[i:i + chunk] = (g @ weight).to(hidden.dtype)
             if need_w:
-                grad_w += (g.T @ h).float()
-        return grad_h, (grad_w.to(weight.dtype) if need_w else None), None, None, None
+                grad_w.addmm_(g.T, h)
+        return grad_h, grad_w, None, None, None
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
@@ -369,7 +379,7 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
 
     The result equals ``selective_logprobs(hidden @ weight.T, targets, temperature)`` (a bias-free
     LM head; tests/test_packing.py checks values and gradients). Gradients flow to ``hidden``
-    and, when it requires grad, ``weight`` (accumulated in float32 over the chunks).
+    and, when it requires grad, ``weight`` (summed over the chunks in the weight's dtype).
 
     Args:
         hidden: ``[M, H]`` final hidden states (after the model's last norm), any float dtype.
@@ -382,6 +392,17 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     if chunk is None:
         chunk = max(1, LOGPROB_CHUNK_BYTES // (4 * weight.shape[0]))
     return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), int(chunk))
+
+
+_NO_MASK: dict = {}
+
+
+def _no_mask(device) -> torch.Tensor:
+    """An empty 4-D mask (``[1, 1, 0, 0]`` bool) for ``device``, made once."""
+    key = str(device)
+    if key not in _NO_MASK:
+        _NO_MASK[key] = torch.ones(1, 1, 0, 0, dtype=torch.bool, device=device)
+    return _NO_MASK[key]
 
 
 class _Identity(torch.nn.Module):
@@ -423,8 +444,11 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     from .loss import selective_logprobs
 
     found = _lm_head(model) if chunked else None
+    # a 4-D attention_mask is passed through as is: transformers then skips building a mask and
+    # detecting packed sequences from position_ids (a host sync); the layout defines attention
     kwargs = dict(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False,
-                  logits_to_keep=mb["predict_index"], vf_rl_packing=mb["layout"])
+                  attention_mask=_no_mask(mb["input_ids"].device), logits_to_keep=mb["predict_index"],
+                  vf_rl_packing=mb["layout"])
     if found is not None:
         owner, head = found
         owner.lm_head = _Identity()
@@ -437,7 +461,7 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
         logits = model(**kwargs).logits  # [1, M, V]
         logprobs, entropy = selective_logprobs(logits, mb["targets"][None], temperature)
         logprobs, entropy = logprobs[0], entropy[0]
-    valid = mb["valid"]
-    out_lp = logprobs.new_zeros(valid.shape).masked_scatter(valid, logprobs)
-    out_ent = entropy.new_zeros(valid.shape).masked_scatter(valid, entropy.detach())
+    shape, cells = mb["valid"].shape, mb["cells"]  # scatter/gather by index: no host sync (masked_* would)
+    out_lp = logprobs.new_zeros(shape.numel()).scatter(0, cells, logprobs).view(shape)
+    out_ent = entropy.new_zeros(shape.numel()).scatter(0, cells, entropy.detach()).view(shape)
     return out_lp, out_ent

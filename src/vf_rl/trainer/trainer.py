@@ -377,8 +377,9 @@ class RLTrainer(Trainer):
         # everything the micro batches need from the host is read and copied before the first
         # forward, so no copy or host read waits for queued GPU work inside the loop
         if a.padding_free:  # one row of real tokens per micro batch (packing.py)
-            budget = a.micro_batch_tokens or a.micro_batch_size * a.max_seq_len
-            packs = pack_for_rank(batch.samples, a.world_size, a.process_index, budget, a.share_prompts)
+            budget, most = a.micro_batch_tokens or a.micro_batch_size * a.max_seq_len, a.micro_batch_size
+            packs = pack_for_rank(batch.samples, a.world_size, a.process_index, budget, a.share_prompts,
+                                  None if a.micro_batch_tokens else most)
             on_host = [packed_micro_batch(p, a.share_prompts) for p in packs]
             starts = [0] * len(on_host)  # packed [B, T] columns start at each sample's first trained token
             trained_tokens = sum(mb["tokens"] for mb in on_host)
