@@ -136,6 +136,8 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--completion-len", type=int, default=256)
     p.add_argument("--mode", choices=["fixed", "realistic"], default="fixed", help="batch shape (see the docstring)")
+    p.add_argument("--vf-micro-batch-tokens", type=int, default=None,
+                   help="token budget of the vf-rl-tokens side (default: micro batch x longest sequence)")
     p.add_argument("--group", type=int, default=8, help="realistic: rollouts per prompt")
     p.add_argument("--prompt-min", type=int, default=64, help="realistic: shortest prompt")
     p.add_argument("--prompt-max", type=int, default=1024, help="realistic: longest prompt")
@@ -321,6 +323,8 @@ class VfSide:
         self.args, self.device, self.name = args, device, variant
         self.overrides = VF_VARIANTS[variant]
         self.mode = "RLTrainer._train_on_batch" + "".join(f", {k}={v}" for k, v in self.overrides.items())
+        if "micro_batch_tokens" in self.overrides:
+            self.mode = f"RLTrainer._train_on_batch, micro_batch_tokens={args.vf_micro_batch_tokens or 'micro x max_seq_len'}"
         self._build_trainer(model, tokenizer, out_dir)
         self.pad_id = tokenizer.pad_token_id
 
@@ -340,8 +344,8 @@ class VfSide:
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
                       use_liger=False, temperature=1.0, logging_steps=1, **self.overrides)
-        if "micro_batch_tokens" in self.overrides:  # pack by tokens: the padded path's largest micro batch
-            wanted["micro_batch_tokens"] = a.micro_batch * seq
+        if "micro_batch_tokens" in self.overrides:  # pack by tokens (default: the padded path's largest micro batch)
+            wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
         config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
         env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
