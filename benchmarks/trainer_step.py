@@ -19,7 +19,8 @@ weight decay). Two batch modes (``--mode``):
 TRL gets each micro batch (``--micro-batch`` consecutive rollouts) left-padded prompts and
 right-padded completions, as ``_generate_and_score_completions`` builds them; vf-rl gets the
 samples (with their group and prompt length) and batches them its own way (defaults:
-``padding_free``: the same ``--micro-batch`` rollouts per pass, packed without padding;
+``padding_free``: passes of ``--micro-batch`` x the batch's mean sample length real tokens,
+each packed into one row where that saves at least 10% of its padded tokens, else padded;
 ``share_prompts``). One
 timed step is, per side:
 

@@ -9,11 +9,16 @@ from vf_rl.trainer.loss import policy_logprobs, selective_logprobs
 from vf_rl.trainer.packing import (
     ATTN_IMPLEMENTATION,
     chunked_logprobs,
+    default_token_budget,
     pack_for_rank,
     pack_samples,
     packed_micro_batch,
     packed_policy_logprobs,
+    padded_micro_batch,
+    padded_policy_logprobs,
+    plan_micro_batches,
     register_attention,
+    should_pack,
 )
 
 
@@ -54,6 +59,27 @@ def test_shared_prompt_needs_the_same_prompt_tokens():
     assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + len(b.input_ids)
     b.input_ids[0] -= 1
     assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + 4
+
+
+def test_plan_packs_only_where_it_saves_work():
+    """Equal lengths with distinct prompts run padded; shared prompts or ragged lengths run
+    packed; the default budget is micro_batch_size x the batch's mean sample length."""
+    fixed = group_samples([(8, [8]), (8, [8]), (8, [8]), (8, [8])])  # 4 groups of one: nothing to share
+    for s in fixed:
+        s.group = -1
+    assert default_token_budget(fixed, 2) == 32
+    plan = plan_micro_batches(fixed, 1, 0, 2, None, True, pad_token_id=0)
+    assert len(plan) == 2 and all("layout" not in mb for mb in plan)  # padded: the plain kernel
+    assert all(mb["attention_mask"] is None and mb["tokens"] == 32 for mb in plan)  # no padding: no mask
+    assert plan[0]["loss_mask"].shape == (2, 8) and plan[0]["keep"] == 9
+    shared = group_samples([(8, [8, 8, 8, 8])])  # one prompt: packing forwards 8 + 4 * 8 = 40 of 64
+    assert should_pack(shared, share_prompts=True) and not should_pack(shared, share_prompts=False)
+    plan = plan_micro_batches(shared, 1, 0, 2, None, True, pad_token_id=0)  # budget 32: 8 + 3 * 8, then 16
+    assert ["layout" in mb for mb in plan] == [True, False] and [mb["tokens"] for mb in plan] == [32, 16]
+    ragged = group_samples([(4, [20]), (4, [2])])  # padded 2 x 24 = 48 tokens, packed 30
+    assert should_pack(ragged) and "layout" in plan_micro_batches(ragged, 1, 0, 2, None, False, 0)[0]
+    assert not should_pack(group_samples([(4, [20]), (4, [18])]))  # padding 2 of 48: under 10%
+    assert len(plan_micro_batches(ragged, 1, 0, 1, 24, False, 0)) == 2  # micro_batch_tokens overrides
 
 
 @pytest.fixture(scope="module")
@@ -107,15 +133,43 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     assert any(p.grad.abs().sum() > 0 for p in smol.parameters())
 
 
-def test_chunked_logprobs_match_the_full_logits():
+@pytest.mark.parametrize("ragged", [False, True])
+def test_padded_forward_with_chunked_head_matches_policy_logprobs(smol, ragged):
+    """The padded form of a micro batch (chunked LM head, no mask when no row is padded) gives
+    ``policy_logprobs``'s log-probs, entropies and gradients."""
+    samples = group_samples([(9, [6, 2, 7]), (4, [5, 3])] if ragged else [(5, [6]), (5, [6]), (5, [6])])
+    weights = torch.randn(len(samples), 32, generator=torch.Generator().manual_seed(2))
+    padded = micro_batches(samples, len(samples), pad_token_id=0)[0]
+    start = first_trained_position(padded["loss_mask"])
+    smol.zero_grad()
+    lp_ref, ent_ref = policy_logprobs(smol, padded, start)
+    mask_ref = padded["loss_mask"][:, start:]
+    (lp_ref * weights[:, :lp_ref.shape[1]]).masked_fill(~mask_ref, 0).sum().backward()
+    grads_ref = {n: p.grad.clone() for n, p in smol.named_parameters()}
+    mb = padded_micro_batch(samples, pad_token_id=0)
+    assert (mb["attention_mask"] is None) == (not ragged)
+    smol.zero_grad()
+    lp, ent = padded_policy_logprobs(smol, mb)
+    (lp * weights[:, :lp.shape[1]]).masked_fill(~mb["loss_mask"], 0).sum().backward()
+    assert torch.equal(mb["loss_mask"], mask_ref)
+    assert torch.allclose(lp.masked_fill(~mask_ref, 0), lp_ref.masked_fill(~mask_ref, 0), atol=2e-5)
+    assert torch.allclose(ent.masked_fill(~mask_ref, 0), ent_ref.masked_fill(~mask_ref, 0), atol=2e-5)
+    for name, p in smol.named_parameters():
+        diff = float((p.grad - grads_ref[name]).norm() / grads_ref[name].norm())
+        assert diff < 1e-4, (name, diff)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_chunked_logprobs_match_the_full_logits(keep):
     """Values, entropy and gradients (hidden states and LM-head weight) against
-    ``selective_logprobs`` on the full float64 logits, temperature 0.7, chunks of 4 rows."""
+    ``selective_logprobs`` on the full float64 logits, temperature 0.7, chunks of 4 rows, the
+    logits recomputed in the backward pass or kept."""
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(11, 16, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (11,), generator=g)
     upstream = torch.randn(11, generator=g, dtype=torch.float64)
-    lp, ent = chunked_logprobs(hidden, weight, targets, 0.7, chunk=4)
+    lp, ent = chunked_logprobs(hidden, weight, targets, 0.7, chunk=4, keep=keep)
     (lp.double() * upstream).sum().backward()
     grads = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None

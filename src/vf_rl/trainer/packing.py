@@ -2,12 +2,15 @@
 
 Three pieces, used by ``RLTrainer._train_on_batch`` when ``padding_free`` is on:
 
-1. **Packing** (:func:`pack_samples`, :func:`packed_micro_batch`): the samples of a micro batch
-   are laid end to end in ONE row of ``N`` real tokens (no padding), chosen greedily in batch
-   order: ``micro_batch_size`` samples (the padded path's micro batches without their padding,
-   so never more memory), or, when ``micro_batch_tokens`` is set, as many as fit in that many
-   tokens. ``position_ids`` restart at 0 for every
-   sample, and attention stays inside each sample (:func:`packed_attention_forward`).
+1. **Packing** (:func:`plan_micro_batches`, :func:`pack_samples`, :func:`packed_micro_batch`):
+   samples are grouped greedily in batch order into micro batches of at most a token budget
+   (``micro_batch_tokens``, default ``micro_batch_size`` x the batch's mean sample length:
+   :func:`default_token_budget`). A micro batch whose packed row saves at least
+   ``PACK_MIN_SAVING`` of its padded tokens (:func:`should_pack`) is laid end to end in ONE row
+   of ``N`` real tokens (no padding): ``position_ids`` restart at 0 for every sample, and
+   attention stays inside each sample (:func:`packed_attention_forward`). Others run as plain
+   padded rows (:func:`padded_micro_batch`, :func:`padded_policy_logprobs`), where the model's
+   own attention kernel is faster.
 2. **Shared prompts** (``share_prompts``): consecutive samples of one group (``Sample.group``,
    same first ``Sample.prompt_len`` tokens: the rollouts of one example) put that prompt in the
    row once; each completion continues at position ``prompt_len`` and attends to the one copy
@@ -17,8 +20,9 @@ Three pieces, used by ``RLTrainer._train_on_batch`` when ``padding_free`` is on:
    plain forward's (tests/test_packing.py).
 3. **Chunked log-probs** (:func:`chunked_logprobs`): ``log softmax(h W^T / tau)[y]`` and the
    entropy from the final hidden states ``h`` ``[M, H]`` and the LM-head weight ``W``
-   ``[V, H]``, ``chunk`` rows at a time, recomputing each chunk's logits in the backward pass:
-   no ``[M, V]`` logits tensor (bf16 or float32) is ever held for the whole micro batch.
+   ``[V, H]``, ``chunk`` rows at a time: no float32 ``[M, V]`` tensor; the bf16 ``[M, V]``
+   logits are kept for the backward pass when small (``LOGPROB_KEEP_BYTES``), else recomputed
+   chunk by chunk there.
 
 Attention (:func:`packed_attention_forward`, registered in transformers' ``AttentionInterface``
 as ``"vf_rl_packed"``): a micro batch is a list of *segments*; segment ``s`` has queries
@@ -42,6 +46,15 @@ from .batching import Sample
 ATTN_IMPLEMENTATION = "vf_rl_packed"
 LOGPROB_CHUNK_BYTES = 256 * 2**20
 """Float32 logits per chunk of :func:`chunked_logprobs` (rows = this / (4 * vocab))."""
+LOGPROB_KEEP_BYTES = 2**30
+""":func:`chunked_logprobs` keeps the ``[M, V]`` logits (in the weight's dtype) for the backward
+pass instead of recomputing them when they take at most this many bytes (what a padded forward
+holds anyway); larger ones are recomputed chunk by chunk."""
+PACK_MIN_SAVING = 0.1
+"""A micro batch runs as one packed row only when that removes at least this share of the
+tokens its padded ``[B, L]`` form would forward (padding, or prompts computed once); otherwise
+it runs padded (:func:`plan_micro_batches`): same log-probs and gradients, and the plain
+attention kernel is faster where packing saves little."""
 
 
 # --- packing ---------------------------------------------------------------------------------
@@ -96,6 +109,70 @@ def pack_for_rank(samples: list[Sample], world_size: int, rank: int, token_budge
     packs = [pack_samples(samples[r::world_size], token_budget, share_prompts, max_samples) for r in range(world_size)]
     most = max(len(p) for p in packs)
     return packs[rank] + [[Sample([0], [0], [0.0], 0.0)] for _ in range(most - len(packs[rank]))]
+
+
+def default_token_budget(samples: list[Sample], micro_batch_size: int) -> int:
+    """The token budget per pass when ``micro_batch_tokens`` is unset: ``micro_batch_size`` x the
+    batch's mean sample length (``ceil``), i.e. the real tokens of an average padded micro batch,
+    so a pass never holds more activations than the padded path's average micro batch, while
+    shared prompts (counted once) let more rollouts into it."""
+    if not samples:
+        return max(micro_batch_size, 1)
+    return micro_batch_size * -(-sum(len(s.input_ids) for s in samples) // len(samples))
+
+
+def packed_tokens(samples: list[Sample], share_prompts: bool = False) -> int:
+    """Tokens of ``samples`` as one packed row (a shared prompt once), as :func:`packed_micro_batch`."""
+    total, prev = 0, None
+    for s in samples:
+        total += len(s.input_ids) - (s.prompt_len if _shares_prompt(s, prev, share_prompts) else 0)
+        prev = s
+    return total
+
+
+def should_pack(samples: list[Sample], share_prompts: bool = False, min_saving: float = PACK_MIN_SAVING) -> bool:
+    """Whether ``samples`` run as one packed row (True) or padded ``[B, L]`` rows (False): pack
+    when the packed row has at most ``1 - min_saving`` of the padded form's ``B * L`` tokens."""
+    padded = len(samples) * max(len(s.input_ids) for s in samples)
+    return packed_tokens(samples, share_prompts) <= (1.0 - min_saving) * padded
+
+
+def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int,
+                       micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int) -> list[dict]:
+    """This process's micro batches of a batch (host tensors), for ``padding_free``.
+
+    Samples are packed greedily by a token budget (``micro_batch_tokens``, else
+    :func:`default_token_budget` of the whole batch, the same on every process; see
+    :func:`pack_for_rank`); each micro batch then runs packed (:func:`packed_micro_batch`) when
+    :func:`should_pack`, else padded (:func:`padded_micro_batch`). Both forms have ``tokens``
+    (real tokens forwarded) and ``loss_mask``/``sampling_logprobs`` ``[B, T]`` starting at the
+    first trained column; :func:`micro_batch_logprobs` runs either.
+    """
+    budget = micro_batch_tokens or default_token_budget(samples, micro_batch_size)
+    packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
+    return [packed_micro_batch(p, share_prompts) if should_pack(p, share_prompts) else
+            padded_micro_batch(p, pad_token_id) for p in packs]
+
+
+def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> dict:
+    """``samples`` as right-padded ``[B, L]`` rows (host tensors).
+
+    Returns:
+        ``input_ids`` ``[B, L]``; ``attention_mask`` ``[B, L]``, or None when no row is padded
+        (then attention is plainly causal: no mask to build); ``keep`` (positions from ``start
+        - 1`` on, for ``logits_to_keep``); ``targets``, ``loss_mask``, ``sampling_logprobs``
+        ``[B, T]`` from ``start`` (the first trained position, ``T = L - start``);
+        ``advantages`` ``[B]``; ``tokens`` (real tokens).
+    """
+    from .batching import first_trained_position, micro_batches
+
+    mb = micro_batches(samples, len(samples), pad_token_id)[0]
+    start = first_trained_position(mb["loss_mask"])
+    lengths = {len(s.input_ids) for s in samples}
+    return {"input_ids": mb["input_ids"], "attention_mask": mb["attention_mask"] if len(lengths) > 1 else None,
+            "keep": mb["input_ids"].shape[1] - start + 1, "targets": mb["input_ids"][:, start:],
+            "loss_mask": mb["loss_mask"][:, start:], "sampling_logprobs": mb["sampling_logprobs"][:, start:],
+            "advantages": mb["advantages"], "tokens": sum(len(s.input_ids) for s in samples)}
 
 
 def first_trained(sample: Sample) -> int:
@@ -329,25 +406,26 @@ class _ChunkedLogprobs(torch.autograd.Function):
     - p))^T h / tau``, each chunk's logits recomputed."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk):
+    def forward(ctx, hidden, weight, targets, temperature, chunk, keep):
         logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
         h_all = hidden.to(weight.dtype)
+        z_all = h_all @ weight.T if keep else None  # one matmul, kept for the backward
         for i in range(0, hidden.shape[0], chunk):
-            z = (h_all[i:i + chunk] @ weight.T).float()
+            z = (z_all[i:i + chunk] if keep else h_all[i:i + chunk] @ weight.T).float()
             if temperature != 1.0:
                 z = z / temperature
             lse = torch.logsumexp(z, dim=-1)
             logprobs[i:i + chunk] = z.gather(-1, targets[i:i + chunk, None]).squeeze(-1) - lse
             entropy[i:i + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets)
+        ctx.save_for_backward(hidden, weight, targets, z_all)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, targets = ctx.saved_tensors
+        hidden, weight, targets, z_all = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
@@ -357,7 +435,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         h_all = hidden.to(weight.dtype)
         for i in range(0, hidden.shape[0], chunk):
             h = h_all[i:i + chunk]
-            z = (h @ weight.T).float()
+            z = (z_all[i:i + chunk] if z_all is not None else h @ weight.T).float()
             if tau != 1.0:
                 z = z / tau
             g = -torch.softmax(z, dim=-1)  # d lp / d z = onehot - softmax
@@ -368,14 +446,17 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 grad_h[i:i + chunk] = (g @ weight).to(hidden.dtype)
             if need_w:
                 grad_w.addmm_(g.T, h)
-        return grad_h, grad_w, None, None, None
+        return grad_h, grad_w, None, None, None, None
 
 
 def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                     chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int | None = None, keep: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of ``targets`` under ``softmax(hidden @ weight.T / temperature)``, and the entropy,
-    without holding the ``[M, V]`` logits: at most ``chunk`` rows of float32 logits exist at once
+    without a float32 ``[M, V]`` tensor: at most ``chunk`` rows of float32 logits exist at once
     (default: ``LOGPROB_CHUNK_BYTES`` worth), in the forward and again in the backward pass.
+    With ``keep`` the ``[M, V]`` logits in the weight's dtype are held for the backward pass (no
+    recomputed matmul); without it each chunk's logits are recomputed there (no ``[M, V]``
+    tensor at all). Default ``keep``: when they take at most ``LOGPROB_KEEP_BYTES``.
 
     The result equals ``selective_logprobs(hidden @ weight.T, targets, temperature)`` (a bias-free
     LM head; tests/test_packing.py checks values and gradients). Gradients flow to ``hidden``
@@ -391,7 +472,9 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     """
     if chunk is None:
         chunk = max(1, LOGPROB_CHUNK_BYTES // (4 * weight.shape[0]))
-    return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), int(chunk))
+    if keep is None:
+        keep = hidden.shape[0] * weight.shape[0] * weight.element_size() <= LOGPROB_KEEP_BYTES
+    return _ChunkedLogprobs.apply(hidden, weight, targets, float(temperature), int(chunk), bool(keep))
 
 
 _NO_MASK: dict = {}
@@ -465,3 +548,41 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     out_lp = logprobs.new_zeros(shape.numel()).scatter(0, cells, logprobs).view(shape)
     out_ent = entropy.new_zeros(shape.numel()).scatter(0, cells, entropy.detach()).view(shape)
     return out_lp, out_ent
+
+
+def padded_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 1.0,
+                           chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward a padded micro batch (:func:`padded_micro_batch`, on the device): the model's own
+    attention (sdpa; causal without a mask when no row is padded), the LM head only from the
+    first trained position on (``logits_to_keep``), log-probs from :func:`chunked_logprobs`
+    when the head is plain (else from the logits, as :func:`~vf_rl.trainer.loss.policy_logprobs`).
+
+    Returns:
+        ``(logprobs [B, T] float32 (requires grad), entropy [B, T] float32)``.
+    """
+    from .loss import selective_logprobs
+
+    found = _lm_head(model) if chunked else None
+    kwargs = dict(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False,
+                  logits_to_keep=mb["keep"])
+    targets = mb["targets"]
+    if found is None:
+        return selective_logprobs(model(**kwargs).logits[:, :-1], targets, temperature)
+    owner, head = found
+    owner.lm_head = _Identity()
+    try:
+        hidden = model(**kwargs).logits[:, :-1]  # [B, T, H]
+    finally:
+        owner.lm_head = head
+    logprobs, entropy = chunked_logprobs(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
+                                         temperature)
+    return logprobs.view(targets.shape), entropy.view(targets.shape)
+
+
+def micro_batch_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 1.0,
+                         chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs and entropy ``[B, T]`` of a micro batch from :func:`plan_micro_batches`, packed
+    or padded."""
+    if "layout" in mb:
+        return packed_policy_logprobs(model, mb, temperature, chunked)
+    return padded_policy_logprobs(model, mb, temperature, chunked)

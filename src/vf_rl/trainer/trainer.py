@@ -46,7 +46,7 @@ from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, shard
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .orchestrator import Batch, Orchestrator
-from .packing import pack_for_rank, packed_micro_batch, packed_policy_logprobs, register_attention, to_device
+from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 
 
@@ -376,12 +376,10 @@ class RLTrainer(Trainer):
         normalizer = max(loss_tokens, 1) / a.world_size
         # everything the micro batches need from the host is read and copied before the first
         # forward, so no copy or host read waits for queued GPU work inside the loop
-        if a.padding_free:  # one row of real tokens per micro batch (packing.py)
-            budget, most = a.micro_batch_tokens or a.micro_batch_size * a.max_seq_len, a.micro_batch_size
-            packs = pack_for_rank(batch.samples, a.world_size, a.process_index, budget, a.share_prompts,
-                                  None if a.micro_batch_tokens else most)
-            on_host = [packed_micro_batch(p, a.share_prompts) for p in packs]
-            starts = [0] * len(on_host)  # packed [B, T] columns start at each sample's first trained token
+        if a.padding_free:  # micro batches by a token budget, each packed or padded (packing.py)
+            on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
+                                         a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id)
+            starts = [0] * len(on_host)  # their [B, T] columns start at the first trained token
             trained_tokens = sum(mb["tokens"] for mb in on_host)
             on_device = [to_device(mb, a.device) for mb in on_host]
         else:
@@ -402,7 +400,7 @@ class RLTrainer(Trainer):
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 with self.compute_loss_context_manager():
                     if a.padding_free:
-                        logprobs, entropy = packed_policy_logprobs(model, mb, a.temperature)
+                        logprobs, entropy = micro_batch_logprobs(model, mb, a.temperature)
                     else:
                         logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
                     out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
