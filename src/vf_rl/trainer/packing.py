@@ -36,6 +36,7 @@ varlen, torch >= 2.10); elsewhere one ``scaled_dot_product_attention`` per segme
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -399,49 +400,148 @@ def register_attention() -> str:
 # --- log-probs -------------------------------------------------------------------------------
 
 
+try:  # fused per-row log-softmax kernels on CUDA (TRITON_INTERPRET=1 runs them on the CPU in tests)
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - triton ships with CUDA builds of torch
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def _rows_fwd_kernel(Z, stride, TARGETS, LP, ENT, LSE, V, inv_tau, BLOCK: tl.constexpr):
+        """Row ``r`` of ``z`` ``[M, V]``: lse, ``z[y] - lse`` and the entropy, all of ``z / tau``
+        in float32, reading the row twice (max, then sums)."""
+        row = tl.program_id(0).to(tl.int64)
+        base = Z + row * stride
+        cols = tl.arange(0, BLOCK)
+        top = tl.full([BLOCK], float("-inf"), tl.float32)
+        for start in range(0, V, BLOCK):
+            z = tl.load(base + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32) * inv_tau
+            top = tl.maximum(top, z)
+        m = tl.max(top, 0)
+        total = tl.zeros([BLOCK], tl.float32)
+        weighted = tl.zeros([BLOCK], tl.float32)
+        for start in range(0, V, BLOCK):
+            inside = start + cols < V
+            z = tl.load(base + start + cols, mask=inside, other=float("-inf")).to(tl.float32) * inv_tau
+            e = tl.exp(z - m)
+            total += e
+            weighted += tl.where(inside, e * z, 0.0)
+        s = tl.sum(total, 0)
+        lse = m + tl.log(s)
+        target = tl.load(TARGETS + row)
+        zt = tl.load(base + target).to(tl.float32) * inv_tau
+        tl.store(LP + row, zt - lse)
+        tl.store(ENT + row, lse - tl.sum(weighted, 0) / s)
+        tl.store(LSE + row, lse)
+
+    @triton.jit
+    def _rows_grad_kernel(Z, stride, TARGETS, LSE, GRAD, V, inv_tau, BLOCK: tl.constexpr):
+        """Row ``r`` of ``z``, in place: ``(onehot(y) - softmax(z / tau)) * grad / tau``."""
+        row = tl.program_id(0).to(tl.int64)
+        base = Z + row * stride
+        cols = tl.arange(0, BLOCK)
+        lse = tl.load(LSE + row)
+        target = tl.load(TARGETS + row)
+        scale = tl.load(GRAD + row) * inv_tau
+        for start in range(0, V, BLOCK):
+            inside = start + cols < V
+            z = tl.load(base + start + cols, mask=inside, other=0.0).to(tl.float32) * inv_tau
+            g = tl.where(start + cols == target, 1.0, 0.0) - tl.exp(z - lse)
+            tl.store(base + start + cols, (g * scale).to(Z.dtype.element_ty), mask=inside)
+
+
+_ROW_BLOCK = 4096
+
+
+def _use_triton(z: torch.Tensor) -> bool:
+    return triton is not None and z.stride(-1) == 1 and (z.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def _rows_logsoftmax(z: torch.Tensor, targets: torch.Tensor, tau: float, chunk: int):
+    """``(logprobs, entropy, lse)`` ``[M]`` float32 of the rows of ``z / tau`` (``z`` ``[M, V]``)."""
+    M, V = z.shape
+    lp, ent, lse = (torch.empty(M, dtype=torch.float32, device=z.device) for _ in range(3))
+    if M and _use_triton(z):
+        _rows_fwd_kernel[(M,)](z, z.stride(0), targets, lp, ent, lse, V, 1.0 / tau, BLOCK=_ROW_BLOCK, num_warps=8)
+        return lp, ent, lse
+    for i in range(0, M, chunk):
+        zf = z[i:i + chunk].float()
+        if tau != 1.0:
+            zf = zf / tau
+        lse[i:i + chunk] = torch.logsumexp(zf, dim=-1)
+        lp[i:i + chunk] = zf.gather(-1, targets[i:i + chunk, None]).squeeze(-1) - lse[i:i + chunk]
+        ent[i:i + chunk] = lse[i:i + chunk] - torch.linalg.vecdot(torch.softmax(zf, dim=-1), zf)
+    return lp, ent, lse
+
+
+def _rows_grad_(z: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, grad: torch.Tensor, tau: float,
+                chunk: int) -> torch.Tensor:
+    """Overwrite ``z`` ``[M, V]`` with ``d (sum_i grad_i lp_i) / d (h W^T)`` =
+    ``(onehot(y) - softmax(z / tau)) * grad / tau`` (in ``z``'s dtype); returns ``z``."""
+    M, V = z.shape
+    grad = grad.float().contiguous()
+    if M and _use_triton(z):
+        _rows_grad_kernel[(M,)](z, z.stride(0), targets, lse, grad, V, 1.0 / tau, BLOCK=_ROW_BLOCK, num_warps=8)
+        return z
+    for i in range(0, M, chunk):
+        zf = z[i:i + chunk].float()
+        if tau != 1.0:
+            zf = zf / tau
+        g = -torch.exp(zf - lse[i:i + chunk, None])
+        g.scatter_add_(-1, targets[i:i + chunk, None], torch.ones_like(g[:, :1]))
+        g *= (grad[i:i + chunk] / tau)[:, None]
+        z[i:i + chunk] = g.to(z.dtype)
+    return z
+
+
 class _ChunkedLogprobs(torch.autograd.Function):
-    """``log softmax(h W^T / tau)[y]`` and entropy, ``chunk`` rows at a time (see
-    :func:`chunked_logprobs`). Backward: ``d lp_i / d z_i = onehot(y_i) - softmax(z_i)`` with
-    ``z = h W^T / tau``, so ``grad_h = (g * (onehot - p)) W / tau`` and ``grad_W = (g * (onehot
-    - p))^T h / tau``, each chunk's logits recomputed."""
+    """``log softmax(h W^T / tau)[y]`` and entropy (see :func:`chunked_logprobs`). Backward:
+    ``d lp_i / d z_i = (onehot(y_i) - softmax(z_i / tau)) / tau`` with ``z = h W^T``, so with
+    ``G = grad_lp * (onehot - p) / tau``: ``grad_h = G W`` and ``grad_W = G^T h``.
+
+    ``keep``: ``z`` ``[M, V]`` (weight dtype) is computed by one matmul and saved; the backward
+    pass overwrites it with ``G`` and runs two matmuls. Else ``chunk`` rows at a time in both
+    passes, ``z`` recomputed in the backward pass. The row-wise softmax work runs in fused
+    Triton kernels on CUDA (:func:`_rows_logsoftmax`, :func:`_rows_grad_`), in float32 chunks
+    of ``chunk`` rows elsewhere. The saved ``z`` is overwritten, so the graph cannot be
+    backpropagated twice."""
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, keep):
-        logprobs = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty_like(logprobs)
         h_all = hidden.to(weight.dtype)
-        z_all = h_all @ weight.T if keep else None  # one matmul, kept for the backward
-        for i in range(0, hidden.shape[0], chunk):
-            z = (z_all[i:i + chunk] if keep else h_all[i:i + chunk] @ weight.T).float()
-            if temperature != 1.0:
-                z = z / temperature
-            lse = torch.logsumexp(z, dim=-1)
-            logprobs[i:i + chunk] = z.gather(-1, targets[i:i + chunk, None]).squeeze(-1) - lse
-            entropy[i:i + chunk] = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, targets, z_all)
+        if keep:
+            z_all = h_all @ weight.T
+            logprobs, entropy, lse = _rows_logsoftmax(z_all, targets, temperature, chunk)
+        else:
+            z_all = None
+            parts = [_rows_logsoftmax(h_all[i:i + chunk] @ weight.T, targets[i:i + chunk], temperature, chunk)
+                     for i in range(0, hidden.shape[0], chunk)]
+            logprobs, entropy, lse = (torch.cat(x) for x in zip(*parts)) if parts else (
+                hidden.new_zeros(0, dtype=torch.float32) for _ in range(3))
+        ctx.save_for_backward(hidden, weight, targets, lse, z_all)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
-        hidden, weight, targets, z_all = ctx.saved_tensors
+        hidden, weight, targets, lse, z_all = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        h_all = hidden.to(weight.dtype)
+        if z_all is not None:
+            g = _rows_grad_(z_all, targets, lse, grad_logprobs, tau, chunk)
+            grad_h = (g @ weight).to(hidden.dtype) if need_h else None
+            return grad_h, (g.T @ h_all if need_w else None), None, None, None, None
         grad_h = torch.empty_like(hidden) if need_h else None
         # accumulated in the weight's dtype (as autograd would): a float32 copy of a 150k-vocabulary
         # head would cost more memory than the logits this avoids
         grad_w = torch.zeros_like(weight) if need_w else None
-        h_all = hidden.to(weight.dtype)
         for i in range(0, hidden.shape[0], chunk):
             h = h_all[i:i + chunk]
-            z = (z_all[i:i + chunk] if z_all is not None else h @ weight.T).float()
-            if tau != 1.0:
-                z = z / tau
-            g = -torch.softmax(z, dim=-1)  # d lp / d z = onehot - softmax
-            g.scatter_add_(-1, targets[i:i + chunk, None], torch.ones_like(g[:, :1]))
-            g *= (grad_logprobs[i:i + chunk] / tau)[:, None]
-            g = g.to(weight.dtype)
+            g = _rows_grad_(h @ weight.T, targets[i:i + chunk], lse[i:i + chunk], grad_logprobs[i:i + chunk], tau,
+                            chunk)
             if need_h:
                 grad_h[i:i + chunk] = (g @ weight).to(hidden.dtype)
             if need_w:
