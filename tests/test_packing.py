@@ -159,7 +159,7 @@ def test_padded_forward_with_chunked_head_matches_policy_logprobs(smol, ragged):
         assert diff < 1e-4, (name, diff)
 
 
-@pytest.mark.parametrize("keep", [False, True])
+@pytest.mark.parametrize("keep", [False, True, "frozen"])
 def test_chunked_logprobs_match_the_full_logits(keep):
     """Values, entropy and gradients (hidden states and LM-head weight) against
     ``selective_logprobs`` on the full float64 logits, temperature 0.7, chunks of 4 rows, the
@@ -169,16 +169,19 @@ def test_chunked_logprobs_match_the_full_logits(keep):
     weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (11,), generator=g)
     upstream = torch.randn(11, generator=g, dtype=torch.float64)
-    lp, ent = chunked_logprobs(hidden, weight, targets, 0.7, chunk=4, keep=keep)
+    weight.requires_grad_(keep != "frozen")
+    lp, ent = chunked_logprobs(hidden, weight, targets, 0.7, chunk=4, keep=keep is True)
     (lp.double() * upstream).sum().backward()
-    grads = hidden.grad.clone(), weight.grad.clone()
+    grads = hidden.grad.clone(), weight.grad.clone() if weight.grad is not None else None
+    weight.requires_grad_(True)
     hidden.grad = weight.grad = None
     ref_lp, ref_ent = selective_logprobs((hidden @ weight.T)[None], targets[None], 0.7)
     (ref_lp[0].double() * upstream).sum().backward()
     assert lp.dtype == torch.float32 and not ent.requires_grad
     assert torch.allclose(lp.double(), ref_lp[0].double(), atol=1e-5)
     assert torch.allclose(ent.double(), ref_ent[0].double(), atol=1e-5)
-    assert torch.allclose(grads[0], hidden.grad, atol=1e-5) and torch.allclose(grads[1], weight.grad, atol=1e-5)
+    assert torch.allclose(grads[0], hidden.grad, atol=1e-5)
+    assert (grads[1] is None) if keep == "frozen" else torch.allclose(grads[1], weight.grad, atol=1e-5)
 
 
 def test_chunked_logprobs_frozen_head_and_bf16():
@@ -255,9 +258,9 @@ import torch
 import vf_rl.trainer.packing as P
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
-    for keep in (True, False):
+    for keep, frozen in ((True, False), (False, False), (False, True)):
         h = torch.randn(9, 16, dtype=dtype, requires_grad=True)
-        w = torch.randn(5000, 16, dtype=dtype, requires_grad=True)
+        w = torch.randn(5000, 16, dtype=dtype, requires_grad=not frozen)
         y, up = torch.randint(0, 5000, (9,)), torch.randn(9)
         res = []
         for fused in (True, False):
@@ -265,7 +268,7 @@ for dtype in (torch.float32, torch.bfloat16):
             h.grad = w.grad = None
             lp, ent = P.chunked_logprobs(h, w, y, 0.7, chunk=4, keep=keep)
             (lp * up).sum().backward()
-            res.append((lp.detach(), ent, h.grad.clone(), w.grad.clone()))
+            res.append((lp.detach(), ent, h.grad.clone()) + (() if frozen else (w.grad.clone(),)))
         for a, b in zip(*res):
             err = float((a.float() - b.float()).abs().max() / b.float().abs().max())
             assert err < (1e-5 if dtype == torch.float32 else 2e-2), (dtype, keep, err)

@@ -500,6 +500,8 @@ class _ChunkedLogprobs(torch.autograd.Function):
     ``d lp_i / d z_i = (onehot(y_i) - softmax(z_i / tau)) / tau`` with ``z = h W^T``, so with
     ``G = grad_lp * (onehot - p) / tau``: ``grad_h = G W`` and ``grad_W = G^T h``.
 
+    A frozen head (no grad for ``W``, e.g. LoRA): the forward pass computes ``U = (onehot - p)
+    W`` ``[M, H]`` chunk by chunk and saves only that; the backward pass is ``grad_lp * U / tau``.
     ``keep``: ``z`` ``[M, V]`` (weight dtype) is computed by one matmul and saved; the backward
     pass overwrites it with ``G`` and runs two matmuls. Else ``chunk`` rows at a time in both
     passes, ``z`` recomputed in the backward pass. The row-wise softmax work runs in fused
@@ -510,6 +512,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature, chunk, keep):
         h_all = hidden.to(weight.dtype)
+        if not weight.requires_grad:  # frozen head (LoRA): grad_h = grad * U / tau, U = (onehot - p) W
+            parts = []
+            for i in range(0, hidden.shape[0], chunk):
+                z, y = h_all[i:i + chunk] @ weight.T, targets[i:i + chunk]
+                lp, ent, lse = _rows_logsoftmax(z, y, temperature, chunk)
+                ones = torch.full_like(lse, temperature)  # gradient rows of grad = tau: onehot - p
+                parts.append((lp, ent, _rows_grad_(z, y, lse, ones, temperature, chunk) @ weight))
+            logprobs, entropy, u = (torch.cat(x) for x in zip(*parts)) if parts else (
+                hidden.new_zeros(0, dtype=torch.float32), hidden.new_zeros(0, dtype=torch.float32),
+                h_all.new_zeros(0, hidden.shape[1]))
+            ctx.save_for_backward(u)
+            ctx.temperature, ctx.frozen, ctx.h_dtype = temperature, True, hidden.dtype
+            ctx.mark_non_differentiable(entropy)
+            return logprobs, entropy
+        ctx.frozen = False
         if keep:
             z_all = h_all @ weight.T
             logprobs, entropy, lse = _rows_logsoftmax(z_all, targets, temperature, chunk)
@@ -526,6 +543,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy):
+        if ctx.frozen:
+            (u,) = ctx.saved_tensors
+            return (u.float() * (grad_logprobs / ctx.temperature)[:, None]).to(ctx.h_dtype), None, None, None, None, None
         hidden, weight, targets, lse, z_all = ctx.saved_tensors
         tau, chunk = ctx.temperature, ctx.chunk
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
