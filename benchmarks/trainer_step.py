@@ -2,9 +2,27 @@
 """Trainer-step throughput: vf-rl's CISPO step vs TRL's ``GRPOTrainer`` with ``loss_type="cispo"``.
 
 Both sides get the same random-initialised model (same weights), the same synthetic batch
-(random token ids, fixed prompt/completion lengths, random advantages, sampling log-probs =
-the model's own log-probs + small noise), the same micro batches and the same optimizer
-(torch AdamW, fused on CUDA, same lr, no weight decay). One timed step is, per side:
+(random token ids, random advantages, sampling log-probs = the model's own log-probs + small
+noise), the same micro batches and the same optimizer (torch AdamW, fused on CUDA, same lr, no
+weight decay). Two batch modes (``--mode``):
+
+* ``fixed``: every sequence is ``--prompt-len`` + ``--completion-len`` tokens, each with its own
+  random prompt.
+* ``realistic``: groups of ``--group`` rollouts share one prompt (same token ids); each group's
+  prompt length is uniform in ``[--prompt-min, --prompt-max]``; each completion's length is
+  ``--max-tokens`` with probability ``--cap-share`` (a completion cut at the cap) and otherwise
+  log-uniform in ``[4, --max-tokens)`` (``round(exp(U(ln 4, ln max_tokens)))``: many short answers,
+  a long tail), all drawn from a generator seeded by ``--seed``. Both sides count only real
+  tokens (sum of prompt + completion lengths over the rollouts, a shared prompt once per rollout)
+  in tokens/s: padding is not work done.
+
+TRL gets each micro batch (``--micro-batch`` consecutive rollouts) left-padded prompts and
+right-padded completions, as ``_generate_and_score_completions`` builds them; vf-rl gets the
+samples (with their group and prompt length) and batches them its own way (defaults:
+``padding_free``: passes of ``--micro-batch`` x the batch's mean sample length real tokens,
+each packed into one row where that saves at least 10% of its padded tokens, else padded;
+``share_prompts``). One
+timed step is, per side:
 
 * vf-rl: ``RLTrainer._train_on_batch(model, batch)`` (micro batches, forward, log-probs,
   ``cispo_loss``, backward), then grad clipping, ``optimizer.step()``, ``zero_grad()``: the
@@ -33,10 +51,16 @@ GRADIENTS are equal whenever every ratio lies in [0.125, 8]. The script checks b
 batch 0 before any optimizer step: each side's reported loss against the formula recomputed
 from the same log-probs, and the cosine / relative difference of the two gradients.
 
+Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts); ``vf-rl-noshare``
+(``share_prompts = false``); ``vf-rl-padded`` (``padding_free = false``: the padded path);
+``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch x longest sequence: fewer, fuller passes).
+
 Usage (from the repo root; TRL and datasets need not be in the venv, see benchmarks/README.md):
 
     python benchmarks/trainer_step.py --model-config qwen2-0.5b --batch 64 --micro-batch 8 \
         --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 [--lora] [--json out.json]
+    python benchmarks/trainer_step.py --mode realistic --group 8 --prompt-min 64 --prompt-max 1024 \
+        --max-tokens 1024 --cap-share 0.25 --batch 64 --micro-batch 8 ...
 """
 
 from __future__ import annotations
@@ -99,6 +123,8 @@ MODEL_CONFIGS = {
 # Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
+VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
+               "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"}}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -110,6 +136,14 @@ def parse_args(argv=None):
     p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward")
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--completion-len", type=int, default=256)
+    p.add_argument("--mode", choices=["fixed", "realistic"], default="fixed", help="batch shape (see the docstring)")
+    p.add_argument("--vf-micro-batch-tokens", type=int, default=None,
+                   help="token budget of the vf-rl-tokens side (default: micro batch x longest sequence)")
+    p.add_argument("--group", type=int, default=8, help="realistic: rollouts per prompt")
+    p.add_argument("--prompt-min", type=int, default=64, help="realistic: shortest prompt")
+    p.add_argument("--prompt-max", type=int, default=1024, help="realistic: longest prompt")
+    p.add_argument("--max-tokens", type=int, default=1024, help="realistic: completion cap")
+    p.add_argument("--cap-share", type=float, default=0.25, help="realistic: share of completions at the cap")
     p.add_argument("--steps", type=int, default=5, help="timed optimizer steps per side")
     p.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps per side first")
     p.add_argument("--lora", action="store_true", help="train a LoRA adapter (both sides) instead of all weights")
@@ -120,7 +154,8 @@ def parse_args(argv=None):
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
-    p.add_argument("--sides", default="vf-rl,trl", help="comma list, run in this order")
+    p.add_argument("--sides", default="vf-rl,trl",
+                   help="comma list, run in this order: vf-rl, vf-rl-noshare, vf-rl-padded, vf-rl-tokens, trl")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
@@ -135,8 +170,12 @@ def parse_args(argv=None):
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps >= 1 and --warmup >= 0")
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if not set(args.sides) <= {"vf-rl", "trl"} or not args.sides:
-        p.error("--sides: a comma list of vf-rl and trl")
+    if not set(args.sides) <= {"trl", *VF_VARIANTS} or not args.sides or len(set(args.sides)) < len(args.sides):
+        p.error(f"--sides: a comma list of distinct {', '.join(['trl', *VF_VARIANTS])}")
+    if args.mode == "realistic" and (args.batch % args.group or args.group < 2):
+        p.error(f"--batch ({args.batch}) must be a multiple of --group ({args.group}) >= 2")
+    if not 1 <= args.prompt_min <= args.prompt_max or args.max_tokens < 4 or not 0 <= args.cap_share <= 1:
+        p.error("need 1 <= --prompt-min <= --prompt-max, --max-tokens >= 4, 0 <= --cap-share <= 1")
     return args
 
 
@@ -176,64 +215,117 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def batch_shape(args) -> tuple[list[int], list[int], list[int]]:
+    """``(prompt_len, completion_len, group)`` per rollout (see the module docstring for the
+    realistic distribution; seeded by ``args.seed``)."""
+    B = args.batch
+    if args.mode == "fixed":
+        return [args.prompt_len] * B, [args.completion_len] * B, [-1] * B
+    g = torch.Generator().manual_seed(args.seed + 2)
+    groups = B // args.group
+    prompts = torch.randint(args.prompt_min, args.prompt_max + 1, (groups,), generator=g).tolist()
+    at_cap = torch.rand(B, generator=g) < args.cap_share
+    log_len = math.log(4) + torch.rand(B, generator=g) * (math.log(args.max_tokens) - math.log(4))
+    lengths = torch.where(at_cap, args.max_tokens, log_len.exp().round().clamp(4, args.max_tokens - 1).long())
+    return ([prompts[i // args.group] for i in range(B)], lengths.tolist(), [i // args.group for i in range(B)])
+
+
 @torch.no_grad()
 def make_batch(model, args, device) -> dict:
-    """Random ids, advantages ~ N(0, 1), sampling log-probs = the model's log-probs of the
-    completion tokens + N(0, logprob_noise) (so importance ratios are near 1, as in real runs)."""
-    P, C, B = args.prompt_len, args.completion_len, args.batch
+    """Random ids (a group's rollouts share the prompt's ids), advantages ~ N(0, 1), sampling
+    log-probs = the model's log-probs of the completion tokens + N(0, logprob_noise) (so
+    importance ratios are near 1, as in real runs).
+
+    Returns ``{"ids": [B] long tensors, "prompt_lens", "groups", "advantages" [B],
+    "sampling_lps": [B] float32 tensors of the completion tokens}``.
+    """
+    prompt_lens, completion_lens, groups = batch_shape(args)
     g = torch.Generator().manual_seed(args.seed + 1)
     vocab = model.config.vocab_size
-    ids = torch.randint(3, vocab, (B, P + C), generator=g)  # no pad/eos/unk ids
-    advantages = torch.randn(B, generator=g)
-    noise = torch.randn(B, C, generator=g) * args.logprob_noise
+    ids, prompts = [], {}
+    for P, C, grp in zip(prompt_lens, completion_lens, groups):
+        prompt = prompts.get(grp) if grp >= 0 else None
+        if prompt is None:
+            prompt = torch.randint(3, vocab, (P,), generator=g)  # no pad/eos/unk ids
+            if grp >= 0:
+                prompts[grp] = prompt
+        ids.append(torch.cat([prompt, torch.randint(3, vocab, (C,), generator=g)]))
+    advantages = torch.randn(len(ids), generator=g)
     model.eval()
     lps = []
-    for start in range(0, B, args.micro_batch):
-        chunk = ids[start:start + args.micro_batch].to(device)
-        logits = model(input_ids=chunk).logits
-        lp, _ = selective_logprobs(logits[:, :-1], chunk[:, 1:], 1.0)
-        lps.append(lp[:, P - 1:].float().cpu())  # log-probs of the completion tokens
-        del logits, lp
-    completion_lps = torch.cat(lps) + noise
-    return {"ids": ids, "advantages": advantages, "sampling_lps": completion_lps}
+    for seq, P in zip(ids, prompt_lens):
+        x = seq[None].to(device)
+        lp, _ = selective_logprobs(model(input_ids=x).logits[:, P - 1:-1], x[:, P:], 1.0)
+        lps.append((lp[0].float().cpu() + torch.randn(lp.shape[1], generator=g) * args.logprob_noise))
+    return {"ids": ids, "prompt_lens": prompt_lens, "groups": groups, "advantages": advantages, "sampling_lps": lps}
 
 
-def vf_samples(batch: dict, args) -> list[Sample]:
-    P, C = args.prompt_len, args.completion_len
-    return [Sample(input_ids=batch["ids"][i].tolist(), loss_mask=[0] * P + [1] * C,
-                   sampling_logprobs=[0.0] * P + batch["sampling_lps"][i].tolist(),
-                   advantage=float(batch["advantages"][i]))
-            for i in range(batch["ids"].size(0))]
+def real_tokens(batch: dict, rows: range) -> int:
+    return sum(len(batch["ids"][i]) for i in rows)
 
 
-def trl_inputs(batch: dict, args, device, rows: slice, num_items: int) -> dict:
+def completion_tokens(batch: dict, rows: range) -> int:
+    return sum(len(batch["sampling_lps"][i]) for i in rows)
+
+
+def vf_samples(batch: dict, rows: range) -> list[Sample]:
+    out = []
+    for i in rows:
+        P, C = batch["prompt_lens"][i], len(batch["sampling_lps"][i])
+        out.append(Sample(input_ids=batch["ids"][i].tolist(), loss_mask=[0] * P + [1] * C,
+                          sampling_logprobs=[0.0] * P + batch["sampling_lps"][i].tolist(),
+                          advantage=float(batch["advantages"][i]), group=batch["groups"][i], prompt_len=P))
+    return out
+
+
+def trl_inputs(batch: dict, device, rows: range, num_items: int) -> dict:
     """One micro batch as ``GRPOTrainer._generate_and_score_completions`` returns it (text-only,
     no vLLM, no reference model): left-padded prompts, right-padded completions."""
-    P = args.prompt_len
-    ids = batch["ids"][rows]
-    prompt_ids, completion_ids = ids[:, :P], ids[:, P:]
+    Ps = [batch["prompt_lens"][i] for i in rows]
+    Cs = [len(batch["sampling_lps"][i]) for i in rows]
+    B, Pm, Cm = len(Ps), max(Ps), max(Cs)
+    prompt_ids = torch.full((B, Pm), PAD_ID, dtype=torch.long)
+    prompt_mask = torch.zeros(B, Pm, dtype=torch.long)
+    completion_ids = torch.full((B, Cm), PAD_ID, dtype=torch.long)
+    completion_mask = torch.zeros(B, Cm, dtype=torch.long)
+    old = torch.zeros(B, Cm)
+    for b, (i, P, C) in enumerate(zip(rows, Ps, Cs)):
+        prompt_ids[b, Pm - P:], prompt_mask[b, Pm - P:] = batch["ids"][i][:P], 1
+        completion_ids[b, :C], completion_mask[b, :C] = batch["ids"][i][P:], 1
+        old[b, :C] = batch["sampling_lps"][i]
     return {
-        "prompt_ids": prompt_ids.to(device),
-        "prompt_mask": torch.ones_like(prompt_ids).to(device),
-        "completion_ids": completion_ids.to(device),
-        "completion_mask": torch.ones_like(completion_ids).to(device),
-        "advantages": batch["advantages"][rows].to(device),
+        "prompt_ids": prompt_ids.to(device), "prompt_mask": prompt_mask.to(device),
+        "completion_ids": completion_ids.to(device), "completion_mask": completion_mask.to(device),
+        "advantages": batch["advantages"][list(rows)].to(device),
         "num_items_in_batch": torch.tensor(num_items, device=device),
-        "old_per_token_logps": batch["sampling_lps"][rows].to(device),
+        "old_per_token_logps": old.to(device),
     }
 
 
 # --- the two sides --------------------------------------------------------------------------------
 
-def pick_group_size(batch: int) -> int:
-    return next(g for g in (16, 8, 4, 2) if batch % g == 0)
+def group_size(args) -> int:
+    if args.mode == "realistic":
+        return args.group
+    return next(g for g in (16, 8, 4, 2) if args.batch % g == 0)
+
+
+def max_seq_len(args) -> int:
+    """The longest sequence the batch can hold (vf-rl's ``max_seq_len``)."""
+    return args.prompt_max + args.max_tokens if args.mode == "realistic" else args.prompt_len + args.completion_len
+
+
+def max_completion(args) -> int:
+    return args.max_tokens if args.mode == "realistic" else args.completion_len
 
 
 class VfSide:
-    name = "vf-rl"
-
-    def __init__(self, model, tokenizer, args, device, out_dir: Path):
-        self.args, self.device, self.mode = args, device, "RLTrainer._train_on_batch"
+    def __init__(self, model, tokenizer, args, device, out_dir: Path, variant: str = "vf-rl"):
+        self.args, self.device, self.name = args, device, variant
+        self.overrides = VF_VARIANTS[variant]
+        self.mode = "RLTrainer._train_on_batch" + "".join(f", {k}={v}" for k, v in self.overrides.items())
+        if "micro_batch_tokens" in self.overrides:
+            self.mode = f"RLTrainer._train_on_batch, micro_batch_tokens={args.vf_micro_batch_tokens or 'micro x max_seq_len'}"
         self._build_trainer(model, tokenizer, out_dir)
         self.pad_id = tokenizer.pad_token_id
 
@@ -244,14 +336,17 @@ class VfSide:
         from vf_rl.trainer.trainer import RLTrainer
 
         a = self.args
-        wanted = dict(output_dir=str(out_dir / "vf-rl"), run_name="bench", report_to="none", seed=a.seed,
-                      batch_size=a.batch, micro_batch_size=a.micro_batch, rollouts_per_example=pick_group_size(a.batch),
-                      max_seq_len=a.prompt_len + a.completion_len, max_tokens=a.completion_len,
-                      max_prompt_len=a.prompt_len + a.completion_len - 1, learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
+        seq = max_seq_len(a)
+        wanted = dict(output_dir=str(out_dir / self.name), run_name="bench", report_to="none", seed=a.seed,
+                      batch_size=a.batch, micro_batch_size=a.micro_batch, rollouts_per_example=group_size(a),
+                      max_seq_len=seq, max_tokens=seq - 1, max_prompt_len=seq - 1,
+                      learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
                       bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
-                      use_liger=False, temperature=1.0, logging_steps=1)
+                      use_liger=False, temperature=1.0, logging_steps=1, **self.overrides)
+        if "micro_batch_tokens" in self.overrides:  # pack by tokens (default: the padded path's largest micro batch)
+            wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
         config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
         env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -286,7 +381,7 @@ class TrlSide:
         config = GRPOConfig(
             output_dir=str(out_dir / "trl"), report_to="none", seed=args.seed, loss_type="cispo",
             per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=n_micro,
-            num_generations=pick_group_size(args.batch), max_completion_length=args.completion_len,
+            num_generations=group_size(args), max_completion_length=max_completion(args),
             learning_rate=args.lr, max_grad_norm=args.max_grad_norm, weight_decay=0.0, optim="adamw_torch",
             bf16=device.type == "cuda", gradient_checkpointing=args.gradient_checkpointing,
             epsilon_high=8.0,  # = vf-rl's mask_ratio_high (TRL's default epsilon_high would be 0.2)
@@ -341,21 +436,24 @@ def grads_by_name(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
-def formula_values(model, batch: dict, args, device, rows: slice) -> dict:
-    """Both losses recomputed from one no-grad forward (full logits, fp32 log-softmax) on ``rows``."""
-    P = args.prompt_len
-    ids = batch["ids"][rows].to(device)
-    logits = model(input_ids=ids).logits
-    lp, _ = selective_logprobs(logits[:, :-1], ids[:, 1:], 1.0)
-    lp = lp[:, P - 1:]
-    slp = batch["sampling_lps"][rows].to(device)
-    adv = batch["advantages"][rows].to(device)[:, None]
-    n = lp.numel()
-    ratio = torch.exp(lp - slp)
-    keep = (ratio >= 0.125) & (ratio <= 8.0)
-    return {"vf_formula": float((-(ratio * adv)).masked_fill(~keep, 0.0).sum() / n),
-            "trl_formula": float((-(ratio.clamp(max=8.0) * adv * lp)).sum() / n),
-            "ratio_min": float(ratio.min()), "ratio_max": float(ratio.max()), "ratio_mean": float(ratio.mean())}
+def formula_values(model, batch: dict, device, rows: range) -> dict:
+    """Both losses recomputed from one no-grad forward per rollout (fp32 log-softmax) on ``rows``."""
+    vf = trl = 0.0
+    ratios = []
+    n = completion_tokens(batch, rows)
+    for i in rows:
+        P, ids = batch["prompt_lens"][i], batch["ids"][i][None].to(device)
+        lp, _ = selective_logprobs(model(input_ids=ids).logits[:, P - 1:-1], ids[:, P:], 1.0)
+        lp = lp[0].float()
+        ratio = torch.exp(lp - batch["sampling_lps"][i].to(device))
+        adv = float(batch["advantages"][i])
+        keep = (ratio >= 0.125) & (ratio <= 8.0)
+        vf += float((-(ratio * adv)).masked_fill(~keep, 0.0).sum())
+        trl += float((-(ratio.clamp(max=8.0) * adv * lp)).sum())
+        ratios.append(ratio)
+    ratio = torch.cat(ratios)
+    return {"vf_formula": vf / n, "trl_formula": trl / n, "ratio_min": float(ratio.min()),
+            "ratio_max": float(ratio.max()), "ratio_mean": float(ratio.mean())}
 
 
 def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=False, ref_grads=None):
@@ -365,7 +463,10 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
     base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     model = copy.deepcopy(master).to(device)
     t0 = time.perf_counter()
-    side = (VfSide if name == "vf-rl" else TrlSide)(model, tokenizer, args, device, out_dir)
+    if name == "trl":
+        side = TrlSide(model, tokenizer, args, device, out_dir)
+    else:
+        side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
     del model
     build_s = time.perf_counter() - t0
     if args.gradient_checkpointing:
@@ -380,14 +481,13 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
 
     mb = args.micro_batch
     n_micro = args.batch // mb
-    completion_tokens = args.batch * args.completion_len
-    if name == "vf-rl":
-        samples = vf_samples(batch, args)
-        full, check = samples, samples[:mb]
+    everything, first = range(args.batch), range(mb)
+    if name != "trl":
+        full, check = vf_samples(batch, everything), vf_samples(batch, first)
     else:
-        full = [trl_inputs(batch, args, device, slice(i * mb, (i + 1) * mb), completion_tokens)
-                for i in range(n_micro)]
-        check = [trl_inputs(batch, args, device, slice(0, mb), mb * args.completion_len)]
+        n_items = completion_tokens(batch, everything)
+        full = [trl_inputs(batch, device, range(i * mb, (i + 1) * mb), n_items) for i in range(n_micro)]
+        check = [trl_inputs(batch, device, first, completion_tokens(batch, first))]
 
     # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step.
     check_loss = side.run_batch(check)
@@ -397,7 +497,7 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
         grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
     if ref_grads:
         grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
-    formulas = formula_values(side.model, batch, args, device, slice(0, mb))
+    formulas = formula_values(side.model, batch, device, first)
     optimizer.zero_grad(set_to_none=True)
 
     def step():
@@ -423,7 +523,7 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
 
-    tokens = args.batch * (args.prompt_len + args.completion_len)
+    tokens = real_tokens(batch, everything)
     mean_t = statistics.mean(times)
     result = {
         "side": name, "mode": side.mode, "build_s": build_s, "trainable_params": trainable,
@@ -465,7 +565,7 @@ def preload(sides) -> None:
     retain (seen with vLLM installed) from pinning a model in memory."""
     if "trl" in sides:
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
-    if "vf-rl" in sides:
+    if any(side != "trl" for side in sides):
         from vf_rl.trainer.trainer import RLTrainer  # noqa: F401
 
 
@@ -477,6 +577,20 @@ def versions() -> dict:
         except Exception:
             out[mod] = "missing"
     return out
+
+
+def describe_batch(batch: dict, args) -> str:
+    P, C = batch["prompt_lens"], [len(x) for x in batch["sampling_lps"]]
+    real = sum(P) + sum(C)
+    if args.mode == "fixed":
+        return (f"fixed, {args.batch} x ({args.prompt_len} prompt + {args.completion_len} completion) = {real} "
+                "tokens/step")
+    cap = sum(c == args.max_tokens for c in C)
+    return (f"realistic (seed {args.seed}), {args.batch} rollouts = {args.batch // args.group} prompts x {args.group}, "
+            f"prompts {min(P)}-{max(P)} tokens (uniform in [{args.prompt_min}, {args.prompt_max}]), completions "
+            f"{min(C)}-{max(C)} (mean {statistics.mean(C):.0f}; {cap} = {100 * cap / len(C):.0f}% at max_tokens "
+            f"{args.max_tokens}; else log-uniform in [4, {args.max_tokens})); {real} real tokens/step "
+            f"({sum(P[i] for i in range(0, len(P), args.group))} of them in distinct prompts)")
 
 
 def fmt_mem(b):
@@ -509,19 +623,22 @@ def main(argv=None):
     tokenizer = build_tokenizer()
 
     results, ref_grads = {}, None
-    check = not args.no_grad_check and len(args.sides) == 2
+    check = not args.no_grad_check and len(args.sides) >= 2
     with tempfile.TemporaryDirectory(prefix="vf-rl-bench-") as tmp:
         for i, name in enumerate(args.sides):
             print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps ...", flush=True)
             results[name], grads = run_side(name, master, tokenizer, batch, args, device, Path(tmp),
                                             keep_grads=check and i == 0, ref_grads=ref_grads)
-            ref_grads = grads or None
+            if i == 0:
+                ref_grads = grads or None  # every later side is compared with the first
     del ref_grads
     grad_check = results[args.sides[-1]]["grad_check"] if check else None
 
     for r in results.values():
         r["mfu"] = 6 * n_flop * r["tokens_per_s"] / peak_flops if peak_flops else None
-    ratio = (results["vf-rl"]["tokens_per_s"] / results["trl"]["tokens_per_s"]) if len(results) == 2 else None
+    ratios = {name: r["tokens_per_s"] / results["trl"]["tokens_per_s"]
+              for name, r in results.items() if name != "trl" and "trl" in results}
+    ratio = ratios.get("vf-rl")
 
     v = versions()
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -537,8 +654,7 @@ def main(argv=None):
         "sdpa; " + (f"LoRA r={args.lora_rank} alpha={args.lora_alpha:g} on {','.join(LORA_TARGETS)}"
                     if args.lora else "full fine-tune")
         + (", gradient checkpointing" if args.gradient_checkpointing else ""),
-        f"- batch: {args.batch} x ({args.prompt_len} prompt + {args.completion_len} completion) tokens = "
-        f"{args.batch * (args.prompt_len + args.completion_len)} tokens/step, micro batch {args.micro_batch} "
+        f"- batch: {describe_batch(batch, args)}, micro batch {args.micro_batch} "
         f"({args.batch // args.micro_batch} per step); torch AdamW lr {args.lr:g}"
         + (" fused" if device.type == "cuda" else "") + f", clip {args.max_grad_norm:g}; "
         f"{args.warmup} warmup + {args.steps} timed steps" + ("" if args.no_prepare else "; accelerator.prepare'd"),
@@ -565,28 +681,32 @@ def main(argv=None):
     lines.append("- so the values differ by construction (-r*A vs -sg(r)*A*logp); the gradients are the same while "
                  "every ratio is in [0.125, 8]")
     for r in results.values():
-        key = "vf_formula" if r["side"] == "vf-rl" else "trl_formula"
+        key = "trl_formula" if r["side"] == "trl" else "vf_formula"
         lines.append(f"- {r['side']}: loss {r['check_loss_mb0']:.6g}; the same formula from a separate no-grad "
                      f"forward: {r['check_' + key]:.6g}; ratios in [{r['check_ratio_min']:.4f}, "
                      f"{r['check_ratio_max']:.4f}], mean {r['check_ratio_mean']:.4f}")
-    if len(results) == 2:
-        lines.append(f"- first optimizer step's summed loss: vf-rl {results['vf-rl']['first_step_loss']:.6g}, "
-                     f"trl {results['trl']['first_step_loss']:.6g}")
-    if grad_check:
-        first, second = args.sides
-        lines.append(f"- gradients (micro batch 0, {grad_check['tensors_compared']} tensors): cosine "
-                     f"{grad_check['cosine']:.6f}, |g_{first} - g_{second}| / |g_{first}| = "
-                     f"{grad_check['rel_l2_diff']:.3e}, |g_{first}| = {grad_check['norm_first']:.4g}, "
-                     f"|g_{second}| = {grad_check['norm_second']:.4g}"
-                     + (f" (in one side only: {grad_check['only_first']} / {grad_check['only_second']})"
-                        if grad_check["only_first"] or grad_check["only_second"] else ""))
+    lines.append("- first optimizer step's summed loss: " + ", ".join(
+        f"{name} {r['first_step_loss']:.6g}" for name, r in results.items()))
+    first = args.sides[0]
+    for second in args.sides[1:]:
+        gc_ = results[second]["grad_check"]
+        if not gc_:
+            continue
+        lines.append(f"- gradients (micro batch 0, {gc_['tensors_compared']} tensors): cosine "
+                     f"{gc_['cosine']:.6f}, |g_{first} - g_{second}| / |g_{first}| = "
+                     f"{gc_['rel_l2_diff']:.3e}, |g_{first}| = {gc_['norm_first']:.4g}, "
+                     f"|g_{second}| = {gc_['norm_second']:.4g}"
+                     + (f" (in one side only: {gc_['only_first']} / {gc_['only_second']})"
+                        if gc_["only_first"] or gc_["only_second"] else ""))
     for r in results.values():
         if r["mem_before_side_bytes"] > 64 * 2**20:
             lines.append(f"- warning: {fmt_mem(r['mem_before_side_bytes'])} GiB were still allocated before the "
                          f"{r['side']} side started (counted in its peak)")
     lines.append("")
-    if ratio is not None:
-        lines.append(f"ratio vf-rl/trl tokens/s: {ratio:.2f}")
+    for name, value in ratios.items():
+        mem = results[name]["peak_mem_bytes"], results["trl"]["peak_mem_bytes"]
+        lines.append(f"ratio {name}/trl tokens/s: {value:.2f}"
+                     + (f"; peak memory {name}/trl: {mem[0] / mem[1]:.2f}" if mem[1] else ""))
     print("\n".join(lines), flush=True)
 
     if args.json:
@@ -594,7 +714,7 @@ def main(argv=None):
         record = {"date": now, "device": device_name, "peak_flops": peak_flops, "versions": v, "command": command,
                   "args": {k: (str(x) if isinstance(x, Path) else x) for k, x in vars(args).items()},
                   "n_params": n_params, "n_flop_params": n_flop, "results": results, "grad_check": grad_check,
-                  "ratio_vf_over_trl_tokens_per_s": ratio}
+                  "ratio_vf_over_trl_tokens_per_s": ratio, "ratios_over_trl": ratios}
         args.json.write_text(json.dumps(record, indent=2))
         print(f"wrote {args.json}")
 

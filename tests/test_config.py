@@ -315,6 +315,8 @@ AGREE_REJECT = {
     "server port": ({"vllm_server_port": 0}, "vllm_server_port: not a port number"),
     "zero generation timeout": ({"generation_timeout": 0.0}, "generation_timeout: must be positive"),
     "zero lora rank": ({"lora_rank": 0}, "lora_rank: must be positive"),
+    "token budget below max_seq_len": ({"micro_batch_tokens": 100},
+                                       "micro_batch_tokens (100) must be at least max_seq_len (512)"),
     "int as str": ({"batch_size": "8"}, "batch_size: expected int, got '8'"),
     "top_p zero": ({"top_p": 0.0}, "top_p: expected 0 < top_p <= 1, got 0.0"),
     "top_k zero": ({"top_k": 0}, "top_k: expected top_k >= 1, or -1 / unset for off"),
@@ -352,6 +354,8 @@ AGREE_REJECT = {
 AGREE_ACCEPT = {
     "defaults": {},
     "max_tokens below max_seq_len": {"max_tokens": 511},
+    "padded micro batches": {"padding_free": False},
+    "token budget": {"micro_batch_tokens": 4096},
     "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
     "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss", "advantage_type": "my_module:my_advantage"},
     "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,

@@ -273,7 +273,8 @@ def test_training_step_ignores_padding_micro_batches(model_dir, tmp_path):
         grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
         results.append((float(loss), stats, grad))
     (loss_a, stats_a, grad_a), (loss_b, stats_b, grad_b) = results
-    assert loss_a == pytest.approx(loss_b, abs=1e-6) and loss_a != 0.0
+    # float32; the padding changes how the chunked log-prob sums are grouped, not what they sum
+    assert loss_a == pytest.approx(loss_b, rel=1e-4) and loss_a != 0.0
     assert stats_a["tokens/loss"] == stats_b["tokens/loss"] == 9
-    assert stats_a["logprob_diff/max"] == pytest.approx(stats_b["logprob_diff/max"]) and stats_a["logprob_diff/max"] > 0
-    assert torch.allclose(grad_a, grad_b, atol=1e-7) and grad_a.abs().sum() > 0
+    assert stats_a["logprob_diff/max"] == pytest.approx(stats_b["logprob_diff/max"], rel=1e-4) and stats_a["logprob_diff/max"] > 0
+    assert torch.allclose(grad_a, grad_b, rtol=1e-4, atol=1e-6) and grad_a.abs().sum() > 0

@@ -131,6 +131,9 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         raise ConfigError(f"{p}batch_size ({a['batch_size']}) must be divisible by micro_batch_size * "
                           f"trainer processes (trainer.gpus * trainer.nodes): {a['micro_batch_size']} * {world_size}"
                           f" = {a['micro_batch_size'] * world_size}")
+    if a.get("micro_batch_tokens") is not None and a["micro_batch_tokens"] < a["max_seq_len"]:
+        raise ConfigError(f"{p}micro_batch_tokens ({a['micro_batch_tokens']}) must be at least max_seq_len "
+                          f"({a['max_seq_len']}): one sample of max_seq_len tokens must fit in a micro batch")
     if args.get("max_tokens") is not None and a["max_tokens"] >= a["max_seq_len"]:
         raise ConfigError(f"{p}max_tokens ({a['max_tokens']}) must be below max_seq_len ({a['max_seq_len']}): "
                           "the prompt needs room too")

@@ -21,12 +21,18 @@ class Sample:
         loss_mask: ``len = L``, 1 on completion tokens trained on, 0 on prompt tokens.
         sampling_logprobs: ``len = L``, the server's log-prob of each token (0 on prompt).
         advantage: the rollout's advantage (same for every token).
+        group: index of the example whose rollouts this sample belongs to (rollouts of one
+            group share their prompt), -1 if unknown.
+        prompt_len: the first ``prompt_len`` tokens are the group's prompt, the same for every
+            rollout of the group (0: none known). Used by ``share_prompts`` (``packing.py``).
     """
 
     input_ids: list[int]
     loss_mask: list[int]
     sampling_logprobs: list[float]
     advantage: float
+    group: int = -1
+    prompt_len: int = 0
 
 
 def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | None = None) -> list[dict]:
@@ -44,7 +50,8 @@ def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | Non
     return rows
 
 
-def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_responses: bool = True) -> list[Sample]:
+def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_responses: bool = True,
+                       group: int = -1) -> list[Sample]:
     """Training samples of one rollout's turns (objects with ``prompt_ids``, ``completion_ids``,
     ``completion_logprobs``).
 
@@ -54,7 +61,8 @@ def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_respo
     environment's reply, template tokens) get loss mask 0 when ``mask_env_responses``, else 1
     with a NaN sampling log-prob (the loss then uses an importance ratio of 1 for them). A turn
     whose prompt rewrote the history (e.g. a template that drops ``<think>`` blocks) starts a
-    new sample.
+    new sample. The first sample gets ``group`` and its first turn's prompt length as
+    ``prompt_len``; later samples (a rewritten history) get neither.
     """
     samples: list[Sample] = []
     current: Sample | None = None
@@ -73,6 +81,8 @@ def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_respo
                              [0.0] * len(prompt) + list(turn.completion_logprobs), advantage)
     if current is not None:
         samples.append(current)
+    if samples:
+        samples[0].group, samples[0].prompt_len = group, min(len(turns[0].prompt_ids), max_seq_len)
     cut = []
     for s in samples:
         s.input_ids, s.loss_mask, s.sampling_logprobs = (s.input_ids[:max_seq_len], s.loss_mask[:max_seq_len],

@@ -255,10 +255,11 @@ class Orchestrator:
                   file=sys.stderr, flush=True)
         advantages = compute_advantages(self.advantage_fn, rollouts, self.rollouts_per_example)
         samples = []
-        for rollout, advantage in zip(rollouts, advantages):
+        for i, (rollout, advantage) in enumerate(zip(rollouts, advantages)):
             if rollout.error or (self.mask_truncated and rollout.is_truncated):
                 continue
-            samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses)
+            samples += rollout_to_samples(rollout.turns, advantage, self.max_seq_len, self.mask_env_responses,
+                                          group=i // self.rollouts_per_example)
         completion_tokens = sum(len(t.completion_ids) for r in rollouts for t in r.turns)
         metrics = {**rollout_metrics(rollouts, self.rollouts_per_example), **filter_metrics,
                    **env_metrics(rows, rollouts, self.rollouts_per_example),

@@ -9,10 +9,9 @@ memory on every trainer process (not supported with DeepSpeed ZeRO-3, whose weig
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import torch
-
-from .loss import policy_logprobs
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -23,10 +22,11 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @torch.no_grad()
-def reference_logprobs(model: torch.nn.Module, ref_model: torch.nn.Module | None, micro_batch: dict[str, torch.Tensor],
-                       start: int, temperature: float, logits_to_keep: bool) -> torch.Tensor:
-    """``[B, L - start]`` float32 log-probs of the micro batch's tokens from ``start`` on under the
-    reference policy (as :func:`loss.policy_logprobs`, without grad).
+def reference_logprobs(model: torch.nn.Module, ref_model: torch.nn.Module | None,
+                       forward: Callable[[torch.nn.Module], torch.Tensor]) -> torch.Tensor:
+    """The micro batch's log-probs ``[B, T]`` float32 under the reference policy, without grad:
+    ``forward(m)`` computes them under model ``m`` exactly as the trained policy's are computed
+    (padded or packed, ``loss.policy_logprobs`` / ``packing.micro_batch_logprobs``).
 
     Args:
         model: the trained model, unwrapped (a peft model when ``ref_model`` is ``None``).
@@ -35,8 +35,8 @@ def reference_logprobs(model: torch.nn.Module, ref_model: torch.nn.Module | None
         ValueError: ``ref_model`` is ``None`` and ``model`` has no ``disable_adapter``.
     """
     if ref_model is not None:
-        return policy_logprobs(ref_model, micro_batch, start, temperature, logits_to_keep)[0]
+        return forward(ref_model)
     if not hasattr(model, "disable_adapter"):
         raise ValueError("beta > 0 without LoRA needs a frozen reference copy (ref_model)")
     with model.disable_adapter():
-        return policy_logprobs(model, micro_batch, start, temperature, logits_to_keep)[0]
+        return forward(model)

@@ -47,6 +47,7 @@ from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, load_model  # noqa: F401  (public here too)
 from .orchestrator import Batch, Orchestrator
+from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 
@@ -91,6 +92,8 @@ class RLTrainer(Trainer):
             model.config.use_cache = False
             if args.gradient_checkpointing_kwargs is None:  # non-reentrant: works with frozen inputs (LoRA)
                 args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+        if args.padding_free:  # packed rows need per-sample attention (packing.py); other forwards: sdpa
+            model.set_attn_implementation(register_attention())
         tokenizer = processing_class or AutoTokenizer.from_pretrained(model_id)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -305,19 +308,26 @@ class RLTrainer(Trainer):
         Returns:
             ``(loss, stats)``: the summed loss (detached, 0-d) and the step statistics: the
             loss function's (see ``loss.py`` for the convention), ``tokens/loss`` and
-            ``tokens/trained`` (non-padding tokens forwarded).
+            ``tokens/trained`` (tokens forwarded: no padding, a shared prompt once).
         """
         a = self.args
         loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
         normalizer = max(loss_tokens, 1) / a.world_size
-        mine = shard(batch.samples, a.world_size, a.process_index, a.micro_batch_size)
         # everything the micro batches need from the host is read and copied before the first
         # forward, so no copy or host read waits for queued GPU work inside the loop
-        on_host = micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id)
-        starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
+        if a.padding_free:  # micro batches by a token budget, each packed or padded (packing.py)
+            on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
+                                         a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id)
+            starts = [0] * len(on_host)  # their [B, T] columns start at the first trained token
+            trained_tokens = sum(mb["tokens"] for mb in on_host)
+            on_device = [to_device(mb, a.device) for mb in on_host]
+        else:
+            mine = shard(batch.samples, a.world_size, a.process_index, a.micro_batch_size)
+            on_host = micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id)
+            starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
+            trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
+            on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
         my_loss_tokens = sum(int(mb["loss_mask"][:, start:].sum()) for mb, start in zip(on_host, starts))
-        trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
-        on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
         model.train()
@@ -328,9 +338,14 @@ class RLTrainer(Trainer):
             self.accelerator.sync_gradients = last
             with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                 with self.compute_loss_context_manager():
-                    ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model, mb, start,
-                                              a.temperature, self._logits_to_keep) if a.beta > 0 else None)
-                    logprobs, entropy = policy_logprobs(model, mb, start, a.temperature, self._logits_to_keep)
+                    def policy(m, mb=mb, start=start):  # log-probs and entropy of this micro batch under m
+                        if a.padding_free:
+                            return micro_batch_logprobs(m, mb, a.temperature)
+                        return policy_logprobs(m, mb, start, a.temperature, self._logits_to_keep)
+
+                    ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
+                                              lambda m: policy(m)[0]) if a.beta > 0 else None)
+                    logprobs, entropy = policy(model)
                     out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
                                                   mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
                 self.accelerator.backward(out.loss)

@@ -1,0 +1,279 @@
+"""Padding-free packing, the shared-prompt forward and chunked log-probs against the plain
+(padded, per-sample, full-logits) computations, on real SmolLM2 in float32 on the CPU."""
+
+import pytest
+import torch
+
+from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
+from vf_rl.trainer.loss import policy_logprobs, selective_logprobs
+from vf_rl.trainer.packing import (
+    ATTN_IMPLEMENTATION,
+    chunked_logprobs,
+    default_token_budget,
+    pack_for_rank,
+    pack_samples,
+    packed_micro_batch,
+    packed_policy_logprobs,
+    padded_micro_batch,
+    padded_policy_logprobs,
+    plan_micro_batches,
+    register_attention,
+    should_pack,
+)
+
+
+def group_samples(spec, seed=0, vocab=(10, 1000)):
+    """Samples of groups sharing a prompt: ``spec`` = [(prompt_len, [completion_len, ...]), ...]."""
+    g = torch.Generator().manual_seed(seed)
+    samples = []
+    for group, (prompt_len, completions) in enumerate(spec):
+        prompt = torch.randint(*vocab, (prompt_len,), generator=g).tolist()
+        for c in completions:
+            ids = prompt + torch.randint(*vocab, (c,), generator=g).tolist()
+            samples.append(Sample(ids, [0] * prompt_len + [1] * c, [0.0] * len(ids),
+                                  float(torch.randn((), generator=g)), group=group, prompt_len=prompt_len))
+    return samples
+
+
+def test_pack_samples_fills_the_token_budget_in_order():
+    samples = group_samples([(5, [3, 4, 2]), (6, [1])])  # lengths 8, 9, 7, 7
+    assert [[len(s.input_ids) for s in mb] for mb in pack_samples(samples, 17)] == [[8, 9], [7, 7]]
+    # sharing: 8 + 4 + 2 = 14 for the first group, then the second group's 7 does not fit
+    assert [len(mb) for mb in pack_samples(samples, 17, share_prompts=True)] == [3, 1]
+    assert [len(mb) for mb in pack_samples(samples, 3)] == [1, 1, 1, 1]  # each longer than the budget: alone
+    assert [len(mb) for mb in pack_samples(samples, 100, share_prompts=True, max_samples=3)] == [3, 1]
+    with pytest.raises(ValueError, match="micro_batch_tokens must be positive"):
+        pack_samples(samples, 0)
+
+
+def test_pack_for_rank_gives_every_process_the_same_number_of_micro_batches():
+    samples = group_samples([(5, [30, 1, 1, 1])])  # rank 0 gets the long sample and one short one
+    r0, r1 = (pack_for_rank(samples, 2, rank, token_budget=36) for rank in (0, 1))
+    assert len(r0) == len(r1) == 2
+    assert [len(s.input_ids) for s in r1[1]] == [1] and not any(r1[1][0].loss_mask)  # an empty filler
+
+
+def test_shared_prompt_needs_the_same_prompt_tokens():
+    a, b = group_samples([(5, [3, 4])])
+    b.input_ids[0] += 1  # same group id, different prompt: no sharing
+    assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + len(b.input_ids)
+    b.input_ids[0] -= 1
+    assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + 4
+
+
+def test_plan_packs_only_where_it_saves_work():
+    """Equal lengths with distinct prompts run padded; shared prompts or ragged lengths run
+    packed; the default budget is micro_batch_size x the batch's mean sample length."""
+    fixed = group_samples([(8, [8]), (8, [8]), (8, [8]), (8, [8])])  # 4 groups of one: nothing to share
+    for s in fixed:
+        s.group = -1
+    assert default_token_budget(fixed, 2) == 32
+    plan = plan_micro_batches(fixed, 1, 0, 2, None, True, pad_token_id=0)
+    assert len(plan) == 2 and all("layout" not in mb for mb in plan)  # padded: the plain kernel
+    assert all(mb["attention_mask"] is None and mb["tokens"] == 32 for mb in plan)  # no padding: no mask
+    assert plan[0]["loss_mask"].shape == (2, 8) and plan[0]["keep"] == 9
+    shared = group_samples([(8, [8, 8, 8, 8])])  # one prompt: packing forwards 8 + 4 * 8 = 40 of 64
+    assert should_pack(shared, share_prompts=True) and not should_pack(shared, share_prompts=False)
+    plan = plan_micro_batches(shared, 1, 0, 2, None, True, pad_token_id=0)  # budget 32: 8 + 3 * 8, then 16
+    assert ["layout" in mb for mb in plan] == [True, False] and [mb["tokens"] for mb in plan] == [32, 16]
+    ragged = group_samples([(4, [20]), (4, [2])])  # padded 2 x 24 = 48 tokens, packed 30
+    assert should_pack(ragged) and "layout" in plan_micro_batches(ragged, 1, 0, 2, None, False, 0)[0]
+    assert not should_pack(group_samples([(4, [20]), (4, [18])]))  # padding 2 of 48: under 10%
+    assert len(plan_micro_batches(ragged, 1, 0, 1, 24, False, 0)) == 2  # micro_batch_tokens overrides
+
+
+@pytest.fixture(scope="module")
+def smol(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    register_attention()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    model.set_attn_implementation(ATTN_IMPLEMENTATION)
+    return model
+
+
+@pytest.mark.parametrize("share_prompts", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked):
+    """Two groups with different prompt lengths: the packed row (optionally with each prompt once)
+    gives the padded micro batch's log-probs, entropies and gradients, with the LM head chunked
+    (3 rows at a time) or not."""
+    samples = group_samples([(9, [6, 2, 7]), (4, [5, 3])])
+    weights = torch.randn(len(samples), 32, generator=torch.Generator().manual_seed(1))  # per absolute position
+    padded = micro_batches(samples, len(samples), pad_token_id=0)[0]
+    start = first_trained_position(padded["loss_mask"])
+    smol.zero_grad()
+    lp_ref, ent_ref = policy_logprobs(smol, padded, start)
+    mask_ref = padded["loss_mask"][:, start:]
+    (lp_ref * weights[:, start:start + lp_ref.shape[1]]).masked_fill(~mask_ref, 0).sum().backward()
+    grads_ref = {n: p.grad.clone() for n, p in smol.named_parameters()}
+
+    mb = packed_micro_batch(samples, share_prompts)
+    assert mb["tokens"] == (9 + 4 + 6 + 2 + 7 + 5 + 3 if share_prompts else sum(len(s.input_ids) for s in samples))
+    smol.zero_grad()
+    import vf_rl.trainer.packing as packing
+
+    old = packing.LOGPROB_CHUNK_BYTES
+    packing.LOGPROB_CHUNK_BYTES = 3 * 4 * smol.config.vocab_size
+    try:
+        lp, ent = packed_policy_logprobs(smol, mb, chunked=chunked)
+    finally:
+        packing.LOGPROB_CHUNK_BYTES = old
+    cols = torch.tensor([s.prompt_len for s in samples])[:, None] + torch.arange(lp.shape[1])
+    (lp * weights.gather(1, cols)).masked_fill(~mb["loss_mask"], 0).sum().backward()
+    for b, s in enumerate(samples):  # row b's columns: padded from `start`, packed from the sample's prompt_len
+        n = len(s.input_ids) - s.prompt_len
+        off = s.prompt_len - start
+        assert torch.allclose(lp[b, :n], lp_ref[b, off:off + n], atol=2e-5), b
+        assert torch.allclose(ent[b, :n], ent_ref[b, off:off + n], atol=2e-5), b
+        assert mb["loss_mask"][b, :n].all() and not mb["loss_mask"][b, n:].any()
+    for name, p in smol.named_parameters():  # float32 sums in another order: relative L2 difference
+        diff = float((p.grad - grads_ref[name]).norm() / grads_ref[name].norm())
+        assert diff < 1e-4, (name, diff)
+    assert any(p.grad.abs().sum() > 0 for p in smol.parameters())
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_padded_forward_with_chunked_head_matches_policy_logprobs(smol, ragged):
+    """The padded form of a micro batch (chunked LM head, no mask when no row is padded) gives
+    ``policy_logprobs``'s log-probs, entropies and gradients."""
+    samples = group_samples([(9, [6, 2, 7]), (4, [5, 3])] if ragged else [(5, [6]), (5, [6]), (5, [6])])
+    weights = torch.randn(len(samples), 32, generator=torch.Generator().manual_seed(2))
+    padded = micro_batches(samples, len(samples), pad_token_id=0)[0]
+    start = first_trained_position(padded["loss_mask"])
+    smol.zero_grad()
+    lp_ref, ent_ref = policy_logprobs(smol, padded, start)
+    mask_ref = padded["loss_mask"][:, start:]
+    (lp_ref * weights[:, :lp_ref.shape[1]]).masked_fill(~mask_ref, 0).sum().backward()
+    grads_ref = {n: p.grad.clone() for n, p in smol.named_parameters()}
+    mb = padded_micro_batch(samples, pad_token_id=0)
+    assert (mb["attention_mask"] is None) == (not ragged)
+    smol.zero_grad()
+    lp, ent = padded_policy_logprobs(smol, mb)
+    (lp * weights[:, :lp.shape[1]]).masked_fill(~mb["loss_mask"], 0).sum().backward()
+    assert torch.equal(mb["loss_mask"], mask_ref)
+    assert torch.allclose(lp.masked_fill(~mask_ref, 0), lp_ref.masked_fill(~mask_ref, 0), atol=2e-5)
+    assert torch.allclose(ent.masked_fill(~mask_ref, 0), ent_ref.masked_fill(~mask_ref, 0), atol=2e-5)
+    for name, p in smol.named_parameters():
+        diff = float((p.grad - grads_ref[name]).norm() / grads_ref[name].norm())
+        assert diff < 1e-4, (name, diff)
+
+
+@pytest.mark.parametrize("keep", [False, True, "frozen"])
+def test_chunked_logprobs_match_the_full_logits(keep):
+    """Values, entropy and gradients (hidden states and LM-head weight) against
+    ``selective_logprobs`` on the full float64 logits, temperature 0.7, chunks of 4 rows, the
+    logits recomputed in the backward pass or kept."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(11, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (11,), generator=g)
+    upstream = torch.randn(11, generator=g, dtype=torch.float64)
+    weight.requires_grad_(keep != "frozen")
+    lp, ent = chunked_logprobs(hidden, weight, targets, 0.7, chunk=4, keep=keep is True)
+    (lp.double() * upstream).sum().backward()
+    grads = hidden.grad.clone(), weight.grad.clone() if weight.grad is not None else None
+    weight.requires_grad_(True)
+    hidden.grad = weight.grad = None
+    ref_lp, ref_ent = selective_logprobs((hidden @ weight.T)[None], targets[None], 0.7)
+    (ref_lp[0].double() * upstream).sum().backward()
+    assert lp.dtype == torch.float32 and not ent.requires_grad
+    assert torch.allclose(lp.double(), ref_lp[0].double(), atol=1e-5)
+    assert torch.allclose(ent.double(), ref_ent[0].double(), atol=1e-5)
+    assert torch.allclose(grads[0], hidden.grad, atol=1e-5)
+    assert (grads[1] is None) if keep == "frozen" else torch.allclose(grads[1], weight.grad, atol=1e-5)
+
+
+def test_chunked_logprobs_frozen_head_and_bf16():
+    """A frozen head (LoRA) gets no gradient; bf16 inputs match the bf16 full-logits path."""
+    g = torch.Generator().manual_seed(1)
+    hidden = torch.randn(7, 32, generator=g).bfloat16().requires_grad_()
+    weight = torch.randn(64, 32, generator=g).bfloat16()
+    targets = torch.randint(0, 64, (7,), generator=g)
+    lp, _ = chunked_logprobs(hidden, weight, targets, chunk=2)
+    lp.sum().backward()
+    ref_h = hidden.detach().clone().requires_grad_()
+    ref, _ = selective_logprobs((ref_h @ weight.T)[None], targets[None])
+    ref.sum().backward()
+    assert torch.allclose(lp, ref[0], atol=2e-2)
+    assert torch.allclose(hidden.grad.float(), ref_h.grad.float(), atol=2e-2)
+
+
+def test_training_step_packed_equals_padded(model_dir, tmp_path):
+    """A real RLTrainer on SmolLM2: padded micro batches, packed ones and packed ones with shared
+    prompts (token budgets that split the batch differently) give the same loss, statistics and
+    gradients (the loss normalisation is unchanged)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.envs import load_environment
+    from vf_rl.trainer.orchestrator import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    samples = group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=3)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    with torch.no_grad():  # sampling log-probs near the model's own, so the ratios stay unmasked
+        for s in samples:
+            ids = torch.tensor([s.input_ids])
+            own, _ = selective_logprobs(model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+            s.sampling_logprobs = [0.0] + (own[0] + 0.05 * torch.randn(len(own[0]))).tolist()
+    results = {}
+    for name, keys in {"padded": dict(padding_free=False), "packed": dict(share_prompts=False, micro_batch_tokens=40),
+                       "shared": dict(micro_batch_tokens=40)}.items():
+        args = RLConfig(output_dir=str(tmp_path / name), use_cpu=True, batch_size=8, rollouts_per_example=4,
+                        micro_batch_size=4, max_seq_len=32, max_steps=1, report_to=[], use_lora=False, **keys)
+        trainer = RLTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), env=env,
+                            args=args, processing_class=tokenizer, served_model_name="t")
+        trainer.model.zero_grad()
+        loss, stats = trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[], metrics={}))
+        grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+        results[name] = (float(loss), stats, grad)
+    loss_ref, stats_ref, grad_ref = results["padded"]
+    assert stats_ref["tokens/trained"] == sum(len(s.input_ids) for s in samples)
+    # 40-token budget: group 0 (9 + 19 tokens) and group 1's first rollout (5 + 5) fit, its other
+    # three rollouts go to a second micro batch with a second copy of the prompt
+    assert results["shared"][1]["tokens/trained"] == 9 + 5 + 5 + sum(len(s.input_ids) - s.prompt_len for s in samples)
+    for name in ("packed", "shared"):
+        loss, stats, grad = results[name]
+        assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
+        assert stats["tokens/loss"] == stats_ref["tokens/loss"] == 36
+        for key in ("importance_ratio", "mismatch_kl", "entropy", "logprob_diff/max"):
+            assert stats[key] == pytest.approx(stats_ref[key], rel=1e-4, abs=1e-6), (name, key)
+        assert float((grad - grad_ref).norm() / grad_ref.norm()) < 1e-4, name
+
+
+def test_triton_row_kernels_match_the_torch_rows(tmp_path):
+    """The fused Triton kernels of the LM-head log-probs (CUDA only in training) in Triton's CPU
+    interpreter against the float32 torch chunks: values, entropy and both gradients, a
+    vocabulary over one block, temperature 0.7, logits kept and recomputed, float32 and bf16."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton")
+    script = tmp_path / "check.py"
+    script.write_text('''
+import torch
+import vf_rl.trainer.packing as P
+torch.manual_seed(0)
+for dtype in (torch.float32, torch.bfloat16):
+    for keep, frozen in ((True, False), (False, False), (False, True)):
+        h = torch.randn(9, 16, dtype=dtype, requires_grad=True)
+        w = torch.randn(5000, 16, dtype=dtype, requires_grad=not frozen)
+        y, up = torch.randint(0, 5000, (9,)), torch.randn(9)
+        res = []
+        for fused in (True, False):
+            P._use_triton = lambda z, fused=fused: fused
+            h.grad = w.grad = None
+            lp, ent = P.chunked_logprobs(h, w, y, 0.7, chunk=4, keep=keep)
+            (lp * up).sum().backward()
+            res.append((lp.detach(), ent, h.grad.clone()) + (() if frozen else (w.grad.clone(),)))
+        for a, b in zip(*res):
+            err = float((a.float() - b.float()).abs().max() / b.float().abs().max())
+            assert err < (1e-5 if dtype == torch.float32 else 2e-2), (dtype, keep, err)
+print("ok")
+''')
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
