@@ -42,6 +42,10 @@ def edit(old: str, new: str) -> str:
     return BASE.replace(old, new, 1)
 
 
+def with_arg(line: str) -> str:
+    return edit("batch_size = 32", f"batch_size = 32\n{line}")
+
+
 def with_env_args(line: str) -> str:
     return edit('id = "reverse-text"\n', f'id = "reverse-text"\n\n[env.args]\n{line}\n')
 
@@ -103,20 +107,17 @@ CASES = {
                           "inference.shared", "boolean"),
     "nodes without main_address": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 1\nnodes = 2"),
                                    "trainer.main_address", "needs node 0's address"),
-    "server urls not urls": (edit("batch_size = 32", 'batch_size = 32\nvllm_server_urls = ["10.0.0.2:8000"]'),
-                             "trainer.args.vllm_server_urls", "http://host:port"),
-    "older key refused": (edit("batch_size = 32", "batch_size = 32\nnum_iterations = 2"), "trainer.args.num_iterations",
-                          "not supported"),
-    "older key for a derived one": (edit("batch_size = 32", "batch_size = 32\ngradient_accumulation_steps = 4"),
+    "server urls not urls": (with_arg('vllm_server_urls = ["10.0.0.2:8000"]'), "trainer.args.vllm_server_urls",
+                             "http://host:port"),
+    "older key refused": (with_arg("num_iterations = 2"), "trainer.args.num_iterations", "not supported"),
+    "older key for a derived one": (with_arg("gradient_accumulation_steps = 4"),
                                     "trainer.args.gradient_accumulation_steps", "use trainer.args.batch_size"),
     "bucket size zero": (edit("batch_size = 32", "batch_size = 32\nweight_sync_bucket_mb = 0"),
                          "trainer.args.weight_sync_bucket_mb", "positive"),
     "env args unknown key": (with_env_args("few_shots = 2"), "env.args.few_shots", "did you mean 'few_shot'"),
     "env args wrong type": (with_env_args('few_shot = "two"'), "env.args.few_shot", "expected int | list[dict], got 'two'"),
-    "output_dir not writable": (edit("batch_size = 32", 'batch_size = 32\noutput_dir = "/proc/version/run"'),
-                                "trainer.args.output_dir", "is a file"),
-    "report_to unsupported": (edit("batch_size = 32", 'batch_size = 32\nreport_to = "tensorbord"'),
-                              "trainer.args.report_to", "expected one of none, wandb"),
+    "output_dir not writable": (with_arg('output_dir = "/proc/version/run"'), "trainer.args.output_dir", "is a file"),
+    "report_to unsupported": (with_arg('report_to = "tensorbord"'), "trainer.args.report_to", "expected one of none, wandb"),
 }
 
 
