@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 from conftest import write_cpu_config
@@ -233,12 +232,11 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
 
     from vf_rl.cli.train import load_environments
     from vf_rl.config.schema import load_config
-    from vf_rl.trainer.trainer import RLTrainer
+    from vf_rl.trainer.batching import prompt_rows
 
     cfg = load_config(config)
     mixture = load_environments(cfg.envs, seed=42)
-    fake = SimpleNamespace(args=SimpleNamespace(max_prompt_len=512, seed=42))
-    rows = RLTrainer._prompt_rows(fake, mixture.get_dataset(), AutoTokenizer.from_pretrained(model_dir), shuffle=True)
+    rows = prompt_rows(mixture.get_dataset(), AutoTokenizer.from_pretrained(model_dir), 512, shuffle_seed=42)
     expected = [[row["row_id"] for row in mixture.rows_for_step(rows, step, 3)] for step in range(3)]
     assert [r["rows"] for r in recorded] == expected
 

@@ -49,10 +49,11 @@ def trainer_logprobs(model, samples, temperature, pad_token_id):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_orchestrator_batch_tokens_and_logprobs_match_trainer(server, env, tokenizer, temperature):
     rows = [env.get_dataset()[i] for i in range(4)]
-    orch = Orchestrator(env, rows, f"{server.base_url}/v1", server.model, batch_size=8, rollouts_per_example=4,
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=8,
+                        rollouts_per_example=4,
                         sampling_args={"max_tokens": 16, "temperature": temperature}, max_seq_len=256)
     try:
-        batch = orch.get(0)
+        batch = orch.wait(0)
     finally:
         orch.close()
     assert len(batch.rollouts) == 8 and not any(r.error for r in batch.rollouts)
@@ -166,10 +167,11 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
     ds = Dataset.from_list([{"question": "Say hi.", "answer": "ok"}, {"question": "Say yo.", "answer": "bad"}])
     picky_env = SingleTurnEnv(dataset=ds, rubric=Rubric(funcs=[picky]))
     rows = list(picky_env.get_dataset())
-    orch = Orchestrator(picky_env, rows, f"{server.base_url}/v1", server.model, batch_size=4, rollouts_per_example=2,
+    orch = Orchestrator(picky_env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4,
+                        rollouts_per_example=2,
                         sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=256)
     try:
-        batch = orch.get(0)
+        batch = orch.wait(0)
         assert batch.metrics["errors/rate"] == 0.5
         assert [r.reward for r in batch.rollouts] == [1.0, 1.0, 0.0, 0.0]
         assert all("KeyError" in r.error for r in batch.rollouts[2:])
@@ -178,7 +180,7 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
         assert printed.count("no score for this row") == 1 and "2/4 rollouts failed" in printed
         orch.rows = [rows[1]]  # every rollout of the next batch fails
         with pytest.raises(RuntimeError, match="every rollout of batch 1 failed"):
-            orch.get(1)
+            orch.wait(1)
     finally:
         orch.close()
 

@@ -627,6 +627,8 @@ def _lm_head(model):
     if (type(head) is not torch.nn.Linear or head.bias is not None
             or getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None)):
         return None
+    if getattr(head.weight, "ds_id", None) is not None or head.weight.numel() == 0:
+        return None  # DeepSpeed ZeRO-3 partitions the weight: only the model's own forward gathers it
     return inner, head
 
 
