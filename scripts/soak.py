@@ -94,8 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(opts.seed)
 
     out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-soak-"))
-    source = load_config(opts.config)
-    data = source.model_dump()
+    out.mkdir(parents=True, exist_ok=True)
+    load_config(opts.config)  # validated as vf-rl would
+    import tomllib
+
+    data = tomllib.loads(opts.config.read_text())
+    data["model"] = str(Path(data["model"]).expanduser()) if data["model"].startswith("~") else data["model"]
     data["trainer"]["args"] = {**data["trainer"]["args"], "output_dir": str(out / "run"), "save_steps": 2}
     if opts.max_steps:
         data["trainer"]["args"]["max_steps"] = opts.max_steps
