@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     next_trainer = start + rng.expovariate(1 / opts.trainer_every)
     while True:
         argv = [sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"]
-        if launches:
+        if launches and any(run_dir.glob("checkpoint-*")):  # killed before the first checkpoint: start over
             argv.insert(-1, "--resume")
         launches += 1
         run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
