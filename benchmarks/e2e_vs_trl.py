@@ -175,6 +175,11 @@ if opts["trl_vllm"] != "none":
     kwargs |= dict(use_vllm=True, vllm_mode=opts["trl_vllm"])
     if opts["trl_vllm"] == "server":
         kwargs["vllm_server_base_url"] = opts["trl_server_url"]
+        kwargs["vllm_server_timeout"] = 600
+    else:
+        kwargs["vllm_gpu_memory_utilization"] = 0.3
+        kwargs["vllm_max_model_length"] = 1024
+        kwargs["vllm_enable_sleep_mode"] = False
 config = GRPOConfig(**kwargs)
 lora = LoraConfig(r=opts["lora_rank"], lora_alpha=opts["lora_alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
@@ -187,14 +192,45 @@ Path(opts["out"], "trl.json").write_text(json.dumps({"records": records, "peak":
 '''
 
 
+def start_trl_server(opts, out: Path) -> subprocess.Popen:
+    """``trl vllm-serve`` on GPU 0 (TRL's own server, weight updates over NCCL) for ``--trl-vllm server``."""
+    from urllib.parse import urlparse
+
+    url = urlparse(opts.trl_server_url)
+    argv = [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", opts.model, "--host", url.hostname,
+            "--port", str(url.port), "--gpu_memory_utilization", "0.5", "--max_model_len", "1024"]
+    if opts.enforce_eager:
+        argv += ["--enforce_eager", "true"]
+    log = (out / "trl-vllm.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+
+
 def run_trl(opts, out: Path) -> dict:
-    """TRL's GRPOTrainer in a subprocess (its own peak memory)."""
+    """TRL's GRPOTrainer in a subprocess (its own peak memory). On the GPU: ``--trl-vllm server``
+    starts ``trl vllm-serve`` on GPU 0 and trains on GPU 1; ``colocate`` and ``none`` use GPU 0."""
     trl_out = out / "trl"
     trl_out.mkdir(parents=True, exist_ok=True)
     args = {**vars(opts), "out": str(trl_out), "model": opts.model}
+    env = dict(os.environ)
+    server = None
+    if opts.device == "gpu":
+        from vf_rl.inference.communicator import free_port
+
+        env["CUDA_VISIBLE_DEVICES"] = "1" if opts.trl_vllm == "server" else "0"
+        # colocate runs vLLM with the external launcher: one torch.distributed process
+        env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port())}
+        if opts.trl_vllm == "server":
+            server = start_trl_server(opts, out)
     start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str)], capture_output=True,
-                            text=True)
+    try:
+        result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str)],
+                                capture_output=True, text=True, env=env)
+    finally:
+        if server is not None:
+            os.killpg(server.pid, 15)
+            server.wait(timeout=60)
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise RuntimeError(f"TRL failed ({result.returncode}): {result.stderr[-3000:]}")
@@ -207,12 +243,18 @@ def run_trl(opts, out: Path) -> dict:
             "completion_tokens": [r["completion_length"] * opts.prompts * opts.rollouts for r in records]}
 
 
+def since_first_step(side: dict) -> list[float]:
+    """Each step's end in seconds after step 1 ended: both sides' clocks start at the same point
+    (after their server's start-up, model load and first generation), so they compare."""
+    return [t - side["elapsed_s"][0] for t in side["elapsed_s"]]
+
+
 def summary(side: dict, opts, horizon: float) -> dict:
     steps = side["step_s"][opts.warmup:] or side["step_s"]
     step_s = statistics.median(steps)
     rollouts = opts.prompts * opts.rollouts
     tokens = statistics.fmean(side["completion_tokens"][opts.warmup:] or side["completion_tokens"])
-    finished = [r for r, t in zip(side["reward"], side["elapsed_s"]) if t <= horizon + 1e-6]
+    finished = [r for r, t in zip(side["reward"], since_first_step(side)) if t <= horizon + 1e-6]
     wait = (statistics.fmean(w / s for w, s in zip(side["wait_s"][opts.warmup:], steps) if s > 0)
             if side["wait_s"] else None)
     return {"side": side["side"], "step_s": step_s, "rollouts_per_s": rollouts / step_s,
@@ -246,19 +288,27 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG of reward against wall time")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="print the table (and --plot) of an earlier run's --json file instead of running")
     opts = p.parse_args(argv)
-    out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-e2e-"))
-    runs = {}
-    for name in opts.sides.split(","):
-        print(f"e2e: running {name} ...", flush=True)
-        runs[name] = (run_vf_rl if name == "vf-rl" else run_trl)(opts, out)
-    horizon = min(r["elapsed_s"][-1] for r in runs.values())
+    if opts.from_json:
+        saved = json.loads(opts.from_json.read_text())
+        runs = saved["runs"]
+        opts = argparse.Namespace(**{**saved["settings"], "json": None, "plot": opts.plot})
+    else:
+        out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-e2e-"))
+        out.mkdir(parents=True, exist_ok=True)
+        runs = {}
+        for name in opts.sides.split(","):
+            print(f"e2e: running {name} ...", flush=True)
+            runs[name] = (run_vf_rl if name == "vf-rl" else run_trl)(opts, out)
+    horizon = min(since_first_step(r)[-1] for r in runs.values())
     rows = {name: summary(r, opts, horizon) for name, r in runs.items()}
     keys = ["step_s", "rollouts_per_s", "completion_tokens_per_s", "wait_fraction", "peak_gib", "reward_at_equal_wall",
             "reward_first3", "reward_last3", "steps", "wall_s"]
     print(f"\n{opts.prompts} prompts x {opts.rollouts} rollouts, max_tokens {opts.max_tokens}, LoRA r{opts.lora_rank}/"
           f"{opts.lora_alpha}, lr {opts.lr}, {opts.steps} steps, device {opts.device}, median after {opts.warmup} warm-up "
-          f"steps; reward at equal wall time = mean of the last 3 steps done by {horizon:.0f} s")
+          f"steps; reward at equal wall time = mean of the last 3 steps done {horizon:.0f} s after step 1")
     print("| metric | " + " | ".join(rows) + (" | vf-rl / trl |" if len(rows) == 2 else " |"))
     print("|---" * (len(rows) + 1 + (len(rows) == 2)) + "|")
     for key in keys:
@@ -280,8 +330,8 @@ def main(argv=None) -> int:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         for name, r in runs.items():
-            ax.plot(r["elapsed_s"], r["reward"], marker=".", label=name)
-        ax.set_xlabel("wall time (s)")
+            ax.plot(since_first_step(r), r["reward"], marker=".", label=name)
+        ax.set_xlabel("wall time after step 1 (s)")
         ax.set_ylabel("mean reward of the step's rollouts")
         ax.set_title(f"reverse-text, SmolLM2-135M, {opts.prompts}x{opts.rollouts} rollouts, {opts.device}")
         ax.legend()

@@ -59,6 +59,20 @@ def test_supervisor_restarts_only_a_killed_server_while_the_trainer_runs(tmp_pat
     assert len(written) == restarts
 
 
+def test_supervisor_restarts_a_server_that_served_again_after_its_count_is_used_up(tmp_path):
+    """A server that ran for ``stable_s`` seconds before each kill is not a crash loop: killed 5
+    times (more than MAX_RESTARTS), it is restarted every time; the 6th run's start-up error ends it."""
+    runs = tmp_path / "runs"
+    command = (f"bash -c 'echo run >> {runs}; sleep 1.2; [ $(wc -l < {runs}) -gt 5 ] && exit 1; exit 137'")
+    line = supervised_shell(command, tmp_path / "log", tmp_path / "inference.exit", tmp_path / "restarts",
+                            tmp_path / "trainer.exit", stable_s=1)
+    result = subprocess.run(["bash", "-c", line.replace("$((n*5))", "0")], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert runs.read_text().count("run") == 6
+    assert len((tmp_path / "restarts").read_text().splitlines()) == 5
+    assert (tmp_path / "inference.exit").read_text().strip() == "1"
+
+
 @pytest.mark.server
 def test_server_that_cannot_start_ends_the_run_in_seconds_with_its_error(model_dir, tmp_path):
     port = free_port()

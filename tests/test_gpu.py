@@ -33,14 +33,14 @@ def model_dir() -> str:
     return path
 
 
-def _serve(model_dir: str, workdir: Path, lora: bool):
-    """vf-vllm on GPU 0 on a free port (with runtime LoRA loading when ``lora``)."""
+def _serve(model_dir: str, workdir: Path, lora: bool, gpu: str = "0"):
+    """vf-vllm on GPU ``gpu`` on a free port (with runtime LoRA loading when ``lora``)."""
     from vf_rl.inference.client import InferenceClient
     from vf_rl.inference.communicator import free_port
 
     port = free_port()
     log = workdir / "server.log"
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model_dir, "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]
     if lora:
@@ -61,6 +61,12 @@ def _serve(model_dir: str, workdir: Path, lora: bool):
 @pytest.fixture(scope="module")
 def plain_server(model_dir, tmp_path_factory):
     yield from _serve(model_dir, tmp_path_factory.mktemp("gpu-vllm"), lora=False)
+
+
+@pytest.fixture(scope="module")
+def second_server(model_dir, tmp_path_factory):
+    """Another vf-vllm, on GPU 1 (next to the trainer of the scale-out test)."""
+    yield from _serve(model_dir, tmp_path_factory.mktemp("gpu-vllm-2"), lora=False, gpu="1")
 
 
 @pytest.fixture(scope="module")
@@ -150,3 +156,65 @@ def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp
     # bf16 on both sides, different attention/matmul kernels: 0.045-0.058 on H200s (RESULTS.md)
     assert mean < 0.1 and worst < 2.0
     assert base_mean > 3 * mean  # the server serves the policy, not the base model
+
+
+def test_two_servers_feed_one_trainer(plain_server, second_server, model_dir, tmp_path):
+    """Issue 16 on two GPUs: vf-vllm on GPU 0 and on GPU 1 feed one ``vf-train`` (GPU 1, LoRA,
+    filesystem sync) for 3 steps; every step draws rollouts from both, and afterwards both servers
+    serve the weights of the last sync: those of optimizer step 2 (the sync before batch 3; step 3's
+    update is never pushed), compared through log-probs of their own samples against checkpoint-2."""
+    import tomli_w
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl.trainer.weights import merged_state_dict
+
+    (_, port_a), (_, port_b) = plain_server, second_server
+    urls = [f"http://127.0.0.1:{port_a}", f"http://127.0.0.1:{port_b}"]
+    out = tmp_path / "run"
+    config = tmp_path / "two-servers.toml"
+    config.write_text(tomli_w.dumps({
+        "model": model_dir, "env": {"id": "reverse-text", "args": {"few_shot": 2, "source": "offline"}},
+        "inference": {"gpus": 1}, "trainer": {"gpus": 1, "args": {
+            "output_dir": str(out), "vllm_server_port": port_a, "vllm_server_urls": urls, "weight_sync": "filesystem",
+            "max_steps": 3, "batch_size": 64, "rollouts_per_example": 8, "micro_batch_size": 16, "max_tokens": 32,
+            "max_seq_len": 512, "learning_rate": 2e-3, "save_steps": 1}}}))
+    start = time.perf_counter()
+    run = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], capture_output=True, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"}, timeout=600)
+    wall = time.perf_counter() - start
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "reward" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(r["servers/0/rollouts"] > 0 and r["servers/1/rollouts"] > 0 and r["errors/rate"] == 0 for r in steps)
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
+
+    def merged(checkpoint: str):  # W + BA in bf16: what a filesystem sync of that checkpoint's model sends
+        policy = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16),
+                                           str(out / checkpoint)).to("cuda:1")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
+        model.load_state_dict(merged_state_dict(policy, device=None), strict=False)
+        return model
+
+    trained, last = merged("checkpoint-2"), merged("checkpoint-3")
+    report = {"test": "two_servers", "wall_s": wall, "device": torch.cuda.get_device_name(1),
+              "importance_ratio": [r.get("importance_ratio") for r in steps],
+              "mismatch_kl": [r.get("mismatch_kl") for r in steps],
+              "rollouts_per_server": [[r["servers/0/rollouts"], r["servers/1/rollouts"]] for r in steps]}
+    for name, port in (("gpu0", port_a), ("gpu1", port_b)):
+        rollouts = sampled(port, model_dir, n=16)
+        report[f"{name}_diff_mean"], report[f"{name}_diff_max"] = logprob_diff(trained, rollouts,
+                                                                               tokenizer.pad_token_id)
+        report[f"{name}_base_diff_mean"], _ = logprob_diff(base, rollouts, tokenizer.pad_token_id)
+        report[f"{name}_step3_diff_mean"], _ = logprob_diff(last, rollouts, tokenizer.pad_token_id)
+    print(json.dumps(report))
+    if os.environ.get("VF_RL_GPU_REPORT"):
+        with open(os.environ["VF_RL_GPU_REPORT"], "a") as f:
+            f.write(json.dumps(report) + "\n")
+    for name in ("gpu0", "gpu1"):  # both serve step 2's weights: closer to them than to the base or step 3
+        assert report[f"{name}_diff_mean"] < 0.1 and report[f"{name}_diff_max"] < 3.0
+        assert report[f"{name}_base_diff_mean"] > 2 * report[f"{name}_diff_mean"]
+        assert report[f"{name}_step3_diff_mean"] > report[f"{name}_diff_mean"]

@@ -7,6 +7,10 @@
 #   sync1b : weight_sync.py on a random llama-1b
 #   shared : vf-rl with inference and trainer on one GPU (shared = true)
 #   graphs : the same, 10 steps, vLLM with CUDA graphs (no enforce_eager)
+#   scale  : issue 16, two vf-vllm servers (GPU 0 and GPU 1) feeding one vf-train, 3 steps (tests/test_gpu.py)
+#   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
+#            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
+#            for it and copies its outputs to $OUT
 set -u
 source scripts/gpu/env.sh
 PART=$1
@@ -40,5 +44,28 @@ shared)
   ;;
 graphs)
   run shared-graphs 250 bash scripts/gpu/vf_rl_run.sh gpu-shared-graphs auto 1 1 true 10 false
+  ;;
+scale)
+  VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run scale 450 python3 -m pytest -m gpu tests/test_gpu.py -k two_servers -s -q -p no:cacheprovider
+  ;;
+e2e-server|e2e-colocate|e2e-eager)
+  case $PART in
+    e2e-server) args="--trl-vllm server" ;;
+    e2e-eager) args="--trl-vllm server --enforce-eager" ;;
+    e2e-colocate) args="--trl-vllm colocate --shared" ;;
+  esac
+  mkdir -p /tmp/e2e && rm -rf /tmp/e2e/$PART
+  setsid nohup python3 benchmarks/e2e_vs_trl.py --device gpu --model /tmp/smol --steps ${STEPS:-100} $args ${EXTRA:-} \
+    --json /tmp/e2e/$PART.json --plot /tmp/e2e/$PART.png --out /tmp/e2e/$PART > /tmp/e2e/$PART.log 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
+poll)
+  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f benchmarks/e2e_vs_trl.py > /dev/null || break; sleep 1; done
+  pgrep -f benchmarks/e2e_vs_trl.py > /dev/null && echo "still running"
+  cp -r /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
+  for d in /tmp/e2e/*/; do cp $d/trl-vllm.log $OUT/$(basename $d).trl-vllm.log 2>/dev/null; \
+    cp $d/vf-rl/metrics.jsonl $OUT/$(basename $d).vf-rl.metrics.jsonl 2>/dev/null; \
+    tail -n 30 $d/vf-rl/logs/*.log > $OUT/$(basename $d).vf-rl.logs.txt 2>/dev/null; done
+  tail -n 25 /tmp/e2e/*.log
   ;;
 esac

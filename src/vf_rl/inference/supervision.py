@@ -2,8 +2,10 @@
 
 ``vf-rl`` runs ``vf-vllm`` in the Inference pane under a small bash loop (``supervised_shell``).
 When the server is killed by a signal other than Ctrl-C (an OOM kill is ``SIGKILL``, status
-137) while the trainer still runs, the loop restarts it, at most ``MAX_RESTARTS`` times with a
-growing pause, and appends a line to ``inference.restarts``. Any other end (a start-up error,
+137) while the trainer still runs, the loop restarts it, at most ``MAX_RESTARTS`` times in a row
+with a growing pause, and appends a line to ``inference.restarts``. A server that ran for
+``STABLE_S`` seconds or more before it was killed had started and served, so it is not a crash
+loop: its count starts again (an hour-long run survives an OOM kill every few minutes). Any other end (a start-up error,
 Ctrl-C, the trainer done, restarts used up) is final: the status goes to ``inference.exit``.
 The trainer reads those files through ``VF_RL_INFERENCE_EXIT_FILE`` / ``VF_RL_INFERENCE_LOG``
 and stops within seconds of a final exit, naming the server's last error lines.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 MAX_RESTARTS = 3
 RESTART_PAUSE_S = 5
+STABLE_S = 120
 SIGINT_STATUS = 130
 
 
@@ -26,12 +29,15 @@ class ServerExited(RuntimeError):
     status, its last error lines and its log file."""
 
 
-def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Path, trainer_exit: Path) -> str:
+def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Path, trainer_exit: Path,
+                     stable_s: int = STABLE_S) -> str:
     """The bash line of the Inference pane: ``command`` (its output appended to ``log``) in a
-    restart loop, as the module docstring describes."""
+    restart loop, as the module docstring describes (``stable_s``: seconds of uptime that reset
+    the restart count)."""
     q = shlex.quote  # a subshell that survives Ctrl-C, as launch.PaneCommand.shell
-    return (f"( trap : INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do "
+    return (f"( trap : INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do t=$(date +%s); "
             f"{command} 2>&1 | tee -i -a {q(str(log))}; code=${{PIPESTATUS[0]}}; "
+            f"if [ $(( $(date +%s) - t )) -ge {int(stable_s)} ]; then n=0; fi; "
             f"if [ -s {q(str(trainer_exit))} ] || [ $code -le 128 ] || [ $code -eq {SIGINT_STATUS} ] "
             f"|| [ $n -ge {MAX_RESTARTS} ]; then break; fi; n=$((n+1)); "
             f"echo \"$(date +%s) status $code\" >> {q(str(restarts_file))}; "

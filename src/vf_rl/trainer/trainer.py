@@ -122,7 +122,7 @@ class RLTrainer(Trainer):
         self._step_metrics: dict[str, float] = {}
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         self._server_reconnects = 0  # batches generated again after the server came back
-        self._started = time.perf_counter()  # reset by train(): timing/elapsed_s counts from there
+        self._started = time.perf_counter()  # reset once the server answers: timing/elapsed_s counts from there
         self._checkpoint_staging: Path | None = None
         self._last_eval: tuple[int, dict] = (-1, {})
         self._rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len,
@@ -141,7 +141,6 @@ class RLTrainer(Trainer):
                 optimizer, RNG and dataset position continue from the checkpoint, and the
                 server gets the checkpoint's weights before the first batch is generated.
         """
-        self._started = time.perf_counter()
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if resume_from_checkpoint and self.is_world_process_zero():
@@ -151,6 +150,8 @@ class RLTrainer(Trainer):
             print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
             for server in self.servers:
                 server.wait_until_ready(self.args.vllm_server_timeout)
+        self._started = time.perf_counter()  # timing/elapsed_s: training time, not the server's start-up
+        if self.is_world_process_zero():
             self._start_inference_side()
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)

@@ -1,0 +1,123 @@
+#!/usr/bin/env python
+"""Two variants of one vf-rl config, side by side in one run, on the CPU demo (or any config).
+
+    python benchmarks/cpu_ab.py configs/vf-rl/reverse-text-cpu.toml --steps 12 \\
+        --a padding_free=false --b padding_free=true
+
+Each variant gets ``[trainer.args]`` of the config plus its ``KEY=VALUE`` overrides (TOML values:
+``false``, ``8``, ``"x"``), a fresh ``vf-vllm`` (base weights, the same port) and ``vf-train`` for
+``--steps`` steps; the variants run one after the other, ``--rounds`` times alternating (a, b, a, b, ...)
+so slow drift of the machine hits both. Prints per variant: mean and median training time per step
+(``timing/train_s``: forward, backward and optimizer of one step, seconds), mean step time, the
+reward of the first and last 3 steps, and the ratio b/a of the mean training time. ``--json`` writes
+every step's record. Steps before ``--warmup`` are left out of the times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import tomli_w
+import tomllib
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``["padding_free=false", "micro_batch_size=4"]`` -> ``{"padding_free": False, "micro_batch_size": 4}``."""
+    out = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        out[key.strip()] = tomllib.loads(f"v = {value.strip()}")["v"]
+    return out
+
+
+def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int) -> list[dict]:
+    """Start vf-vllm, run vf-train for ``steps`` steps into ``out``; the step records of metrics.jsonl."""
+    data = json.loads(json.dumps(config))
+    data["trainer"]["args"] |= {**overrides, "output_dir": str(out), "max_steps": steps, "save_steps": 10 ** 6,
+                                "vllm_server_port": port}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.toml"
+    path.write_text(tomli_w.dumps(data))
+    log = (out / "server.log").open("w")
+    server = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.vllm_server", "@", str(path)], stdout=log,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vf-vllm did not start: {(out / 'server.log').read_text()[-2000:]}")
+                time.sleep(2)
+        train = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(path)], capture_output=True,
+                               text=True)
+        if train.returncode != 0:
+            raise RuntimeError(f"vf-train failed ({train.returncode}): {train.stdout[-2000:]}{train.stderr[-2000:]}")
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=120)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [r for r in records if "reward" in r and "timing/train_s" in r]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("config", type=Path)
+    p.add_argument("--a", nargs="*", default=[], help="KEY=VALUE overrides of [trainer.args] for variant a")
+    p.add_argument("--b", nargs="*", default=[], help="KEY=VALUE overrides of [trainer.args] for variant b")
+    p.add_argument("--steps", type=int, default=10, help="steps per run")
+    p.add_argument("--rounds", type=int, default=1, help="runs per variant, alternating")
+    p.add_argument("--warmup", type=int, default=1, help="steps of each run left out of the times")
+    p.add_argument("--port", type=int, default=8766)
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    opts = p.parse_args(argv)
+    config = tomllib.loads(opts.config.read_text())
+    config["model"] = str(Path(config["model"]).expanduser())
+    out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-ab-"))
+    variants = {"a": parse_overrides(opts.a), "b": parse_overrides(opts.b)}
+    runs: dict[str, list[list[dict]]] = {"a": [], "b": []}
+    for r in range(opts.rounds):
+        for name, overrides in variants.items():
+            print(f"cpu_ab: round {r + 1}, variant {name} {overrides or '(config as is)'}", flush=True)
+            runs[name].append(run_variant(config, overrides, out / f"{name}{r}", opts.steps, opts.port))
+    rows = {}
+    for name, per_run in runs.items():
+        timed = [s for steps in per_run for s in steps[opts.warmup:]]
+        train = [s["timing/train_s"] for s in timed]
+        elapsed = [b["timing/elapsed_s"] - a["timing/elapsed_s"] for steps in per_run
+                   for a, b in zip(steps[opts.warmup:], steps[opts.warmup + 1:])]
+        rewards = [s["reward"] for s in per_run[0]]
+        rows[name] = {"overrides": variants[name], "train_s_mean": statistics.fmean(train),
+                      "train_s_median": statistics.median(train),
+                      "step_s_mean": statistics.fmean(elapsed) if elapsed else None,
+                      "reward_first3": statistics.fmean(rewards[:3]), "reward_last3": statistics.fmean(rewards[-3:]),
+                      "steps_timed": len(train)}
+    print(f"\n{opts.config}, {opts.steps} steps x {opts.rounds} round(s) per variant, first {opts.warmup} of each "
+          "run left out of the times")
+    print("| variant | overrides | train s/step (mean) | median | step s (mean) | reward first 3 | last 3 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        step = f"{row['step_s_mean']:.2f}" if row["step_s_mean"] else "-"
+        print(f"| {name} | {row['overrides'] or '-'} | {row['train_s_mean']:.2f} | {row['train_s_median']:.2f} | "
+              f"{step} | {row['reward_first3']:.3f} | {row['reward_last3']:.3f} |")
+    print(f"ratio b/a training time per step: {rows['b']['train_s_mean'] / rows['a']['train_s_mean']:.2f}")
+    if opts.json:
+        opts.json.write_text(json.dumps({"summary": rows, "runs": runs}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
