@@ -265,12 +265,16 @@ def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_
 
 
 @pytest.mark.server
-def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
+@pytest.mark.parametrize("env_id,env_args,reward", [
+    ("you/vfx-reverse-text", {"few_shot": 2}, "reward/lcs_reward_func"),
+    ("you/vfx-reverse-text-v1", {"taskset": {"few_shot": 2}}, "reward/lcs_reward"),
+], ids=["classic", "v1"])
+def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path, env_id, env_args, reward):
     """`vf-rl @ config.toml` (real tmux, its own server) on an unchanged verifiers module."""
     out = tmp_path / "run"
     session = f"vf-rl-verifiers-{free_port()}"
-    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, free_port(), env_id="you/vfx-reverse-text",
-                              env_args={"few_shot": 2}, inference_args={"enforce_eager": True, "max_model_len": 512},
+    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, free_port(), env_id=env_id,
+                              env_args=env_args, inference_args={"enforce_eager": True, "max_model_len": 512},
                               run_name="vfx", micro_batch_size=8, rollouts_per_example=4, batch_size=8,
                               max_steps=2, max_tokens=16, save_steps=50)
     result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
@@ -280,7 +284,7 @@ def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:  # the env's own reward function (often 0 for a 135M model in 16 tokens)
-        assert 0 <= r["reward/lcs_reward_func"] <= 1 and r["tokens/loss"] > 0, r
+        assert 0 <= r[reward] <= 1 and r["tokens/loss"] > 0, r
         assert 0.5 < r["importance_ratio"] < 2.0, r
 
 
