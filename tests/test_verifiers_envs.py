@@ -320,17 +320,23 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
         assert all(lp <= 0.0 for t in r.turns for lp in t.completion_logprobs)
 
 
+OVERLAY = os.environ.get("VF_RL_VERIFIERS_OVERLAY")  # VF_RL_VERIFIERS_VERSION=0.4.0 scripts/install_verifiers.sh
+
+
 @pytest.mark.server
-def test_v1_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights):
+@pytest.mark.parametrize("overlay", [None, pytest.param(OVERLAY, marks=pytest.mark.skipif(
+    not OVERLAY, reason="set VF_RL_VERIFIERS_OVERLAY to an overlay of verifiers 0.4.x"))], ids=["installed", "overlay"])
+def test_v1_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights, overlay):
     """`vf-train @ cfg` on the unchanged v1 module: its own reward and metric are logged, and
-    vLLM's sampling log-probs reach the loss (importance ratio near 1)."""
+    vLLM's sampling log-probs reach the loss (importance ratio near 1). With an overlay
+    (scripts/install_verifiers.sh for 0.4.x) the trainer runs that verifiers, the server the venv's."""
     from test_algorithm import run_vf_train
 
     out = tmp_path / "run"
     config = write_cpu_config(tmp_path / "v1.toml", model_dir, out, server.port, env_id="someone/vfx-reverse-text-v1",
                               env_args={"taskset": {"few_shot": 2}}, run_name="vfx-v1", micro_batch_size=8,
                               rollouts_per_example=4, batch_size=8, max_steps=2, max_tokens=16, save_steps=50)
-    steps = run_vf_train(config, out)
+    steps = run_vf_train(config, out, pythonpath=overlay)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert {"reward/lcs_reward", "reward/tagged"} <= set(r), sorted(r)

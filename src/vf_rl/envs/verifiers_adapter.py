@@ -37,8 +37,8 @@ CLASSIC_MIN, CLASSIC_BELOW = (0, 2, 1), (0, 4, 0)
 SUPPORTED = ">=0.2.1,<0.4"
 #: Versions whose ``verifiers.v1`` API (``Env.serving``/``slots``/``run_slot``, ``Trace`` message
 #: graph, ``TrainClientConfig``) :mod:`vf_rl.envs.verifiers_v1` uses (tested: 0.3.1).
-V1_MIN, V1_BELOW = (0, 3, 1), (0, 4, 0)
-V1_SUPPORTED = ">=0.3.1,<0.4"
+V1_MIN, V1_BELOW = (0, 3, 1), (0, 5, 0)
+V1_SUPPORTED = ">=0.3.1,<0.5"
 
 #: State key where the adapter records reward-function exceptions (verifiers scores them 0
 #: and only logs them; vf-rl counts them as rollout errors).

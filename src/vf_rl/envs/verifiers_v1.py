@@ -202,7 +202,8 @@ def trace_turns(trace) -> tuple[list[Turn], str | None]:
     Each branch of the trace's message graph (``trace.branches``: root-to-leaf paths) is one
     token sequence (``MessageNode.token_ids`` concatenated); a sampled node's ``mask`` marks its
     completion tokens (after the generation-prompt scaffold) and ``logprobs`` holds vLLM's
-    sampling log-probs for them. A node on several branches is trained once (its first branch).
+    sampling log-probs for them. A node on several branches is trained once (its first branch);
+    a branch verifiers marks untrainable (0.4: an abandoned compaction attempt) is skipped.
 
     Returns:
         ``(turns, error)``: one :class:`Turn` per sampled node (``prompt_ids`` = every token before
@@ -213,6 +214,10 @@ def trace_turns(trace) -> tuple[list[Turn], str | None]:
     turns: list[Turn] = []
     seen: set[int] = set()
     for branch in trace.branches:
+        if not getattr(branch, "trainable", True):  # 0.4: an abandoned compaction attempt
+            continue
+        if any(getattr(branch, "mm_token_type_ids", None) or []):
+            return turns, "multimodal (image) prompts cannot be trained by vf-rl yet"
         tokens: list[int] = []
         for node in branch.nodes:
             if node.sampled and id(node) not in seen:
@@ -220,7 +225,8 @@ def trace_turns(trace) -> tuple[list[Turn], str | None]:
                 if not node.token_ids:
                     return turns, ("a model call of the trace carries no token ids (verifiers' train client "
                                    "renders chat completions only; this harness called another API)")
-                if node.multi_modal_data is not None and not node.multi_modal_data.is_empty():
+                media = getattr(node, "multi_modal_data", None)  # 0.3
+                if media is not None and not media.is_empty():
                     return turns, "multimodal (image) prompts cannot be trained by vf-rl yet"
                 start = node.mask.index(True) if True in node.mask else len(node.mask)
                 if not all(node.mask[start:]):
