@@ -70,7 +70,7 @@ def test_versions_and_untrainable_v1_features_are_refused(vf_envs_on_path):
     for api, version in (("classic", "0.1.14"), ("classic", "0.4.0"), ("v1", "0.3.0"), ("v1", "0.5.0")):
         with pytest.raises(VerifiersError, match=f"verifiers {version} is not supported"):
             check_supported(api, version)
-    for api, version in (("classic", "0.2.1"), ("classic", "0.3.1"), ("v1", "0.3.1")):
+    for api, version in (("classic", "0.2.1"), ("classic", "0.3.1"), ("v1", "0.3.1"), ("v1", "0.4.0")):
         check_supported(api, version)
 
     import verifiers.v1 as v1
@@ -296,16 +296,15 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
 
     env = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 2},
                            agent={"harness": {"id": "vfx-reverse-text-v1", "turns": 2}})
-    rows = env.get_dataset()
 
-    async def run():
+    async def run(env, rows):
         client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
         try:
             return await env.generate(client, server.model, rows, 3, {"max_tokens": 12, "temperature": 1.0})
         finally:
             await client.close()
 
-    rollouts = asyncio.run(run())
+    rollouts = asyncio.run(run(env, env.get_dataset()))
     assert len(rollouts) == 6 and [r.example_id for r in rollouts] == [0] * 3 + [1] * 3
     assert_rollouts_well_formed(rollouts, max_turns=2)
     for r in rollouts:
@@ -318,6 +317,14 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
         samples = rollout_to_samples(r.turns, 0.0, 4096)
         assert sum(sum(s.loss_mask) for s in samples) == sum(len(t.completion_ids) for t in r.turns)
         assert all(lp <= 0.0 for t in r.turns for lp in t.completion_logprobs)
+
+    # a reward that raises: that rollout's error (reward 0), the others go on
+    raising = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 3, "task": {"raise_on_odd": True}})
+    rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
+    rollouts = asyncio.run(run(raising, rows))
+    assert all("odd-length text" in (r.error or "") and r.reward == 0.0 for r in rollouts[:3]), \
+        [(r.error, r.reward) for r in rollouts]
+    assert_rollouts_well_formed(rollouts[3:], max_turns=1)
 
 
 OVERLAY = os.environ.get("VF_RL_VERIFIERS_OVERLAY")  # VF_RL_VERIFIERS_VERSION=0.4.0 scripts/install_verifiers.sh

@@ -30,10 +30,17 @@ class ReverseTextData(vf.TaskData):
     """The reversed text."""
 
 
-class ReverseTextTask(vf.Task[ReverseTextData]):
+class ReverseTextTaskConfig(vf.TaskConfig):
+    raise_on_odd: bool = False
+    """Make the reward raise for texts of odd length (to test error handling)."""
+
+
+class ReverseTextTask(vf.Task[ReverseTextData, vf.State, ReverseTextTaskConfig]):
     @vf.reward(weight=1.0)
     async def lcs_reward(self, trace: vf.Trace) -> float:
         """LCS ratio between the tagged answer of the last reply and the reversed text."""
+        if self.config.raise_on_odd and len(self.data.answer) % 2:
+            raise RuntimeError("odd-length text")
         match = TAG.search(trace.last_reply)
         return SequenceMatcher(None, match.group(1) if match else "", self.data.answer).ratio()
 
@@ -49,6 +56,7 @@ class ReverseTextConfig(vf.TasksetConfig):
     """How many texts to use."""
     few_shot: int = 2
     """Worked examples (user/assistant message pairs) placed before the text."""
+    task: ReverseTextTaskConfig = ReverseTextTaskConfig()
 
 
 class ReverseTextTaskset(vf.Taskset[ReverseTextTask, ReverseTextConfig]):

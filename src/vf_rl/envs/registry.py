@@ -71,7 +71,15 @@ def import_environment_module(env_id: str):
     name, where = find_environment(env_id)
     if where == "cwd" and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    module = importlib.import_module(name)
+    try:
+        module = importlib.import_module(name)
+    except AttributeError as exc:  # `vf.SingleTurnEnv` on a verifiers without the classic API
+        if "module 'verifiers' has no attribute" not in str(exc):
+            raise
+        from .verifiers_adapter import SUPPORTED, verifiers_version
+
+        raise ValueError(f"environment module {name!r} uses the classic verifiers API ({exc}), which verifiers "
+                         f"{verifiers_version()} does not have: classic environments need verifiers {SUPPORTED}") from None
     if not callable(getattr(module, "load_environment", None)) and not is_v1_plugin(module):
         raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment() "
                          f"(nor exports a verifiers v1 Taskset in __all__)")
