@@ -93,6 +93,37 @@ def test_versions_and_untrainable_v1_features_are_refused(vf_envs_on_path):
         load_environment("vfx-reverse-text-v1", taskset={"num_tasks": "many"})
 
 
+def test_v1_serving_is_shared_by_concurrent_generates():
+    """The orchestrator runs several `generate` calls at once (servers, batches ahead): they share
+    one `env.serving()`, entered by the first and left by the last."""
+    import contextlib
+
+    events = []
+
+    class FakeEnv:
+        @contextlib.asynccontextmanager
+        async def serving(self):
+            events.append("enter")
+            await asyncio.sleep(0.01)
+            yield
+            events.append("exit")
+
+    env = VerifiersV1Environment.__new__(VerifiersV1Environment)
+    env.env, env._serving_state, env._serving_users = FakeEnv(), None, 0
+
+    async def one(delay):
+        async with env._serving():
+            events.append("run")
+            await asyncio.sleep(delay)
+
+    async def main():
+        await asyncio.gather(one(0.05), one(0.01), one(0.03))
+        await one(0.0)  # after all left: a fresh serving
+
+    asyncio.run(main())
+    assert events == ["enter", "run", "run", "run", "exit", "enter", "run", "exit"]
+
+
 @pytest.mark.parametrize("command", ["vf-rl --dry-run", "vf-train"])
 def test_untrainable_v1_feature_exits_2_in_one_line(model_dir, tmp_path, vf_envs_on_path, command):
     """The refusal reaches the user as one line and exit status 2, before anything starts."""

@@ -35,6 +35,7 @@ render: Anthropic messages, OpenAI responses).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -294,6 +295,8 @@ class VerifiersV1Environment(GroupRunner):
         self.env = env
         self.sampling_args: dict = {}
         self._renderer_models: dict[str, str] = {}
+        self._serving_state: tuple | None = None  # (event loop, lock, entered env.serving() or None)
+        self._serving_users = 0
 
     def __repr__(self) -> str:
         return f"VerifiersV1Environment({type(self.env).__name__}({self.env.config.env_id}), verifiers {self.version})"
@@ -349,8 +352,33 @@ class VerifiersV1Environment(GroupRunner):
         return vf.ModelContext(model=model, client=config,
                                sampling=vf.SamplingConfig(**sampling, **({"extra_body": extra} if extra else {})))
 
-    def _serving(self):
-        return self.env.serving()
+    @contextlib.asynccontextmanager
+    async def _serving(self):
+        """``env.serving()`` (verifiers' interception server, shared tool servers), entered by
+        the first ``generate`` running on this event loop and left by the last: the orchestrator
+        runs several at once (one per inference server, batches of later steps ahead), and one
+        ``Env`` holds one serving context."""
+        loop = asyncio.get_running_loop()
+        if self._serving_state is None or self._serving_state[0] is not loop:
+            if self._serving_users:
+                raise RuntimeError("a verifiers v1 environment serves one event loop at a time")
+            self._serving_state = (loop, asyncio.Lock(), None)
+        _, lock, _ = self._serving_state
+        async with lock:
+            if self._serving_users == 0:
+                context = self.env.serving()
+                await context.__aenter__()
+                self._serving_state = (loop, lock, context)
+            self._serving_users += 1
+        try:
+            yield
+        finally:
+            async with lock:
+                self._serving_users -= 1
+                if self._serving_users == 0:
+                    context = self._serving_state[2]
+                    self._serving_state = (loop, lock, None)
+                    await context.__aexit__(None, None, None)
 
     async def _run_group(self, ctx, row: dict, index: int, r: int) -> list[Rollout]:
         """``r`` episodes of the row's task (``env.slots``, ``env.run_slot``)."""
