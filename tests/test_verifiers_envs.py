@@ -261,13 +261,17 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
 
 
 @pytest.mark.server
-def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path):
+@pytest.mark.parametrize("env_id,env_args,metrics", [
+    ("vfx-guess-number", {"max_turns": 2}, ["reward/solved", "reward/in_range"]),
+    ("vfx-reverse-text-v1", {"agent": {"max_turns": 2}}, ["reward/lcs_reward", "reward/tagged"]),
+], ids=["classic", "v1"])
+def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path, env_id, env_args, metrics):
     out = tmp_path / "eval.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "vfx-guess-number", "-m", server.model,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
                              "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", "16",
-                             "-a", '{"max_turns": 2}', "-o", str(out)], capture_output=True, text=True, timeout=300)
+                             "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "reward/solved" in result.stdout and "reward/in_range" in result.stdout
+    assert all(m in result.stdout for m in metrics), result.stdout[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 4 and all(r["completion"][0]["role"] == "assistant" for r in records)
 
