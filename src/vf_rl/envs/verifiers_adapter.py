@@ -7,14 +7,17 @@ through the package's own group rollout call, so its datasets, parsers, rubrics,
 conditions, tools and state handling are the package's, not look-alikes.
 
 Supported: the classic API (``import verifiers as vf``; ``vf.SingleTurnEnv``,
-``vf.MultiTurnEnv``, ``vf.ToolEnv``, ...) of verifiers 0.2.1 through 0.3.x. The v1 API
-(``verifiers.v1``: ``Env``/``Taskset``/``Harness``/``Trace``, the whole package from 0.4.0)
-is refused at load time with a one-line error, as are versions outside the range.
+``vf.MultiTurnEnv``, ``vf.ToolEnv``, ...) of verifiers 0.2.1 through 0.3.x, here; the v1 API
+(``verifiers.v1``: ``Env``/``Taskset``/``Harness``/``Trace``) of the versions in
+``V1_SUPPORTED``, in :mod:`vf_rl.envs.verifiers_v1`, which shares this module's version checks
+and group runner (:class:`GroupRunner`). Other versions are refused at load time with a
+one-line error.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.metadata
 import inspect
@@ -32,6 +35,10 @@ logger = logging.getLogger(__name__)
 #: max_retries, state_columns)`` contract the adapter uses (tested: 0.3.1).
 CLASSIC_MIN, CLASSIC_BELOW = (0, 2, 1), (0, 4, 0)
 SUPPORTED = ">=0.2.1,<0.4"
+#: Versions whose ``verifiers.v1`` API (``Env.serving``/``slots``/``run_slot``, ``Trace`` message
+#: graph, ``TrainClientConfig``) :mod:`vf_rl.envs.verifiers_v1` uses (tested: 0.3.1).
+V1_MIN, V1_BELOW = (0, 3, 1), (0, 5, 0)
+V1_SUPPORTED = ">=0.3.1,<0.5"
 
 #: State key where the adapter records reward-function exceptions (verifiers scores them 0
 #: and only logs them; vf-rl counts them as rollout errors).
@@ -107,20 +114,23 @@ def check_console_scripts(bin_dir: Path | None = None) -> str | None:
 
 
 def check_supported(api: str, version: str | None) -> None:
-    """Raise :class:`VerifiersError` unless vf-rl can train this API of this version.
+    """Raise :class:`VerifiersError` unless vf-rl can train this API (``"classic"`` or ``"v1"``)
+    of this version.
 
     Raises:
-        VerifiersError: the v1 API, a classic version outside ``SUPPORTED``, or no version.
+        VerifiersError: a classic version outside ``SUPPORTED``, a v1 version outside
+            ``V1_SUPPORTED``, or no installed version.
     """
-    if api == "v1":
-        raise VerifiersError(
-            f"verifiers {version}: v1 environments (verifiers.v1 Env/Taskset/Harness) cannot be trained "
-            f"yet; vf-rl runs the classic API of verifiers {SUPPORTED} (vf.SingleTurnEnv, vf.MultiTurnEnv, "
-            f"vf.ToolEnv, ...)")
     if version is None:
         raise VerifiersError("an environment of the verifiers package was returned, but no installed "
                              "'verifiers' distribution was found (scripts/install_verifiers.sh installs one)")
     v = _version_tuple(version)
+    if api == "v1":
+        if not V1_MIN <= v < V1_BELOW:
+            raise VerifiersError(
+                f"verifiers {version} is not supported: vf-rl trains v1 environments (verifiers.v1 Env/"
+                f"Taskset/Harness) of verifiers {V1_SUPPORTED} (scripts/install_verifiers.sh installs 0.3.1)")
+        return
     if not CLASSIC_MIN <= v < CLASSIC_BELOW:
         raise VerifiersError(
             f"verifiers {version} is not supported: vf-rl trains classic environments of verifiers "
@@ -196,19 +206,102 @@ def _error_text(error: Any) -> str | None:
     return str(error)
 
 
-class VerifiersEnvironment:
+def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Rollout]:
+    """``r`` rollouts of ``row`` that all failed with ``exc`` (reward 0, no turns); a bare
+    ``asyncio.TimeoutError`` is reported as the ``generation_timeout`` it is."""
+    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+        exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    rollouts = []
+    for _ in range(r):
+        rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
+                          answer=row.get("answer"), task=row.get("task"))
+        rollout.error = text
+        rollouts.append(rollout)
+    return rollouts
+
+
+class GroupRunner:
+    """The ``generate`` of both adapters: every row's group of rollouts runs as one call of the
+    package (:meth:`_run_group`), a bounded number of groups at a time, all inside
+    :meth:`_serving`; a group that raises or runs past the deadline becomes error rollouts."""
+
+    def _start(self, client, model: str, sampling_args: dict) -> Any:
+        """Per-``generate`` context handed to :meth:`_run_group` (e.g. the package's client)."""
+        raise NotImplementedError
+
+    def _serving(self):
+        """An async context manager held around one ``generate`` (none by default)."""
+        return contextlib.nullcontext()
+
+    async def _run_group(self, context: Any, row: dict, index: int, r: int) -> list[Rollout]:
+        """``r`` rollouts of ``row`` (its position ``index`` in the call's rows)."""
+        raise NotImplementedError
+
+    async def _group(self, context: Any, row: dict, index: int, r: int, semaphore: asyncio.Semaphore,
+                     deadline: float | None, on_done) -> list[Rollout]:
+        """One :meth:`_run_group`; past ``deadline`` (the event loop's clock) or on any exception
+        every rollout of the group is an error with reward 0."""
+        async with semaphore:
+            try:
+                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
+                rollouts = await asyncio.wait_for(self._run_group(context, row, index, r), left)
+            except Exception as exc:  # the whole group failed: errors, training goes on
+                rollouts = error_rollouts(row, index, r, exc)
+        if on_done is not None:
+            for rollout in rollouts:
+                on_done(rollout)
+        return rollouts
+
+    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
+                       sampling_args: dict, max_concurrent: int = 1024,
+                       timeout: float | None = None, on_done=None) -> list[Rollout]:
+        """Roll out every row ``rollouts_per_example`` times through the package's own group call.
+
+        Args:
+            client: vf-rl's ``openai.AsyncOpenAI`` for the vf-vllm server.
+            model: the served model name.
+            rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``example_id``).
+            sampling_args: chat-completion arguments, merged over the environment's own;
+                token ids and sampling log-probs are always requested.
+            max_concurrent: rollouts in flight at once (whole groups are started).
+            timeout: seconds allowed for the whole call (``None``: unlimited); groups not
+                finished by then are errors.
+            on_done: called with each rollout as its group finishes.
+        Returns:
+            ``len(rows) * rollouts_per_example`` rollouts grouped per row; each model call of a
+            rollout is one :class:`Turn` with vLLM's token ids and sampling log-probs. A
+            rollout whose rollout, reward function or group raised has ``error`` set and reward 0.
+        """
+        context = self._start(client, model, sampling_args)
+        if inspect.isawaitable(context):
+            context = await context
+        semaphore = asyncio.Semaphore(max(1, max_concurrent // max(1, rollouts_per_example)))
+        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
+        async with self._serving():
+            groups = await asyncio.gather(*(
+                self._group(context, row, i, rollouts_per_example, semaphore, deadline, on_done)
+                for i, row in enumerate(rows)))
+        return [rollout for group in groups for rollout in group]
+
+
+class VerifiersEnvironment(GroupRunner):
     """vf-rl's environment interface over a classic environment of the ``verifiers`` package.
 
     Args:
         env: a ``verifiers`` ``Environment`` (``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``...).
     Raises:
-        VerifiersError: the object is a v1 environment or its package version is unsupported.
+        VerifiersError: the object is a v1 environment (see :mod:`vf_rl.envs.verifiers_v1`) or its
+            package version is unsupported.
     """
 
     def __init__(self, env: Any):
         self.api = verifiers_api(env)
         self.version = verifiers_version()
-        check_supported(self.api or "classic", self.version)
+        if self.api == "v1":
+            raise VerifiersError(f"{type(env).__name__} is a verifiers v1 object: wrap it in "
+                                 f"vf_rl.envs.verifiers_v1.VerifiersV1Environment")
+        check_supported("classic", self.version)
         if not hasattr(env, "run_group"):
             raise VerifiersError(f"{type(env).__name__} (verifiers {self.version}) has no run_group(); "
                                  f"return an Environment (vf.SingleTurnEnv, vf.MultiTurnEnv, ...)")
@@ -312,57 +405,13 @@ class VerifiersEnvironment:
             rollout.error, rollout.reward = error, 0.0
         return rollout
 
-    async def _group(self, vf_client, model: str, row: dict, index: int, r: int, sampling_args: dict,
-                     semaphore: asyncio.Semaphore, deadline: float | None, on_done) -> list[Rollout]:
-        """One ``run_group`` of ``r`` rollouts of ``row``; past ``deadline`` (the event loop's
-        clock) or on any exception every rollout of the group is an error with reward 0."""
+    def _start(self, client, model: str, sampling_args: dict) -> tuple:
+        return self._client(client), model, self._sampling({**self.sampling_args, **sampling_args})
+
+    async def _run_group(self, context: tuple, row: dict, index: int, r: int) -> list[Rollout]:
+        """One ``env.run_group`` of ``r`` copies of ``row``, trajectories included."""
+        vf_client, model, sampling_args = context
         inputs = [self._input(row, index) for _ in range(r)]
-        async with semaphore:
-            try:
-                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
-                outputs = await asyncio.wait_for(self.env.run_group(
-                    inputs, vf_client, model, sampling_args, max_retries=0,
-                    state_columns=["trajectory", REWARD_ERRORS_KEY]), left)
-                rollouts = [self._to_rollout(o, row, index) for o in outputs]
-            except Exception as exc:  # the whole group failed: errors, training goes on
-                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-                    exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
-                text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                rollouts = []
-                for _ in range(r):
-                    rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
-                                      answer=row.get("answer"), task=row.get("task"))
-                    rollout.error = text
-                    rollouts.append(rollout)
-        if on_done is not None:
-            for rollout in rollouts:
-                on_done(rollout)
-        return rollouts
-
-    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
-                       sampling_args: dict, max_concurrent: int = 1024,
-                       timeout: float | None = None, on_done=None) -> list[Rollout]:
-        """Roll out every row ``rollouts_per_example`` times through ``env.run_group``.
-
-        Args:
-            client: vf-rl's ``openai.AsyncOpenAI`` for the vf-vllm server.
-            rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``example_id``).
-            sampling_args: chat-completion arguments, merged over the environment's own;
-                ``logprobs`` and ``extra_body.return_token_ids`` are always requested.
-            max_concurrent: rollouts in flight at once (whole groups are started).
-            timeout: seconds allowed for the whole call (``None``: unlimited); groups not
-                finished by then are errors.
-            on_done: called with each rollout as its group finishes.
-        Returns:
-            ``len(rows) * rollouts_per_example`` rollouts grouped per row; each model call of a
-            rollout is one :class:`Turn` with vLLM's token ids and sampling log-probs. A
-            rollout whose rollout, reward function or group raised has ``error`` set and reward 0.
-        """
-        args = self._sampling({**self.sampling_args, **sampling_args})
-        vf_client = self._client(client)
-        semaphore = asyncio.Semaphore(max(1, max_concurrent // max(1, rollouts_per_example)))
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        groups = await asyncio.gather(*(
-            self._group(vf_client, model, row, i, rollouts_per_example, args, semaphore, deadline, on_done)
-            for i, row in enumerate(rows)))
-        return [rollout for group in groups for rollout in group]
+        outputs = await self.env.run_group(inputs, vf_client, model, sampling_args, max_retries=0,
+                                           state_columns=["trajectory", REWARD_ERRORS_KEY])
+        return [self._to_rollout(o, row, index) for o in outputs]

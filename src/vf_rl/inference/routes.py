@@ -17,11 +17,18 @@ every route here requires the header ``X-VF-RL-Secret`` with that value (``vf-rl
 one when the server listens beyond loopback, and ``vf-vllm`` refuses to listen beyond loopback
 without one). vLLM's OpenAI routes keep vLLM's own ``--api-key``. vLLM's dev-mode routes
 (``/collective_rpc``...) are never needed.
+
+One of vLLM's routes is adjusted: a ``POST /inference/v1/generate`` (vLLM's token-in/token-out
+route, served with ``--enable-scale-out``) whose JSON body names no ``output_mode`` is answered in
+``"text"`` mode instead of vLLM 0.32's default ``"tokens"``: verifiers v1's training client
+(``renderers.client.generate``, renderers <= 0.1.12) sends none and reads the text-mode logprobs
+(``{"token": "token_id:N", "logprob": ...}`` under ``--return-tokens-as-token-ids``).
 """
 
 from __future__ import annotations
 
 import hmac
+import json
 import os
 from pathlib import Path
 
@@ -54,8 +61,26 @@ def weight_secret() -> str | None:
     return secret
 
 
+GENERATE_ROUTE = ("POST", "/inference/v1/generate")
+
+
+async def _text_output_mode_by_default(request: Request) -> None:
+    """Set ``output_mode = "text"`` in a generate request body that names none (see the module
+    docstring). The body is replaced in the request's receive cache, which the app reads next."""
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        return  # vLLM answers the malformed body itself
+    if isinstance(body, dict) and "output_mode" not in body:
+        body["output_mode"] = "text"
+        request._body = json.dumps(body).encode()
+
+
 async def weight_sync_routes(request: Request, call_next):
     """ASGI HTTP middleware: answer vf-rl's routes, pass everything else to vLLM."""
+    if (request.method, request.url.path) == GENERATE_ROUTE:
+        await _text_output_mode_by_default(request)
+        return await call_next(request)
     if (request.method, request.url.path) not in ROUTES:
         return await call_next(request)
     secret = weight_secret()
