@@ -58,11 +58,11 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     for flag, value in defaults:
         if not _has_flag(argv, flag):
             argv += [flag, value]
-    for flag in token_route_flags():
-        if not _has_flag(argv, flag) and not _has_flag(argv, "--no-" + flag[2:]):
-            argv.append(flag)
     if _has_flag(argv, "--worker-extension-cls"):
         raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
+    for flag in token_route_flags():  # imports vLLM (which prints): after the checks of the user's flags
+        if not _has_flag(argv, flag) and not _has_flag(argv, "--no-" + flag[2:]):
+            argv.append(flag)
     argv += ["--worker-extension-cls", EXTENSION, "--middleware", MIDDLEWARE]
     for i, arg in enumerate(argv):  # `vllm serve MODEL`: the --model option is deprecated
         if arg == "--model" and i + 1 < len(argv):
@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
     if _has_flag(argv, "--enable-lora"):  # the trainer hot-loads its adapter (weight_sync = "lora")
         os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
-    serve = serve_argv(argv, cpu)
-    host = _flag_value(serve, "--host") or "127.0.0.1"
+    host = _flag_value(argv, "--host") or "127.0.0.1"  # serve_argv's default; checked before vLLM is imported
     from vf_rl.inference.routes import weight_secret
 
     try:
@@ -136,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
               "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
         return 2
     _vllm_version_fallback()
+    serve = serve_argv(argv, cpu)
     sys.argv = ["vllm", "serve", *serve]
     print("vf-vllm:", " ".join(sys.argv), flush=True)
     from vllm.entrypoints.cli.main import main as vllm_main
