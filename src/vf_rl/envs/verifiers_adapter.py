@@ -113,6 +113,13 @@ def check_console_scripts(bin_dir: Path | None = None) -> str | None:
             f"meanwhile use python -m vf_rl.cli.eval")
 
 
+
+def warn_console_scripts() -> None:
+    """Log :func:`check_console_scripts`'s warning (at load time of a verifiers environment)."""
+    warning = check_console_scripts()
+    if warning:
+        logger.warning(warning)
+
 def check_supported(api: str, version: str | None) -> None:
     """Raise :class:`VerifiersError` unless vf-rl can train this API (``"classic"`` or ``"v1"``)
     of this version.
@@ -309,9 +316,7 @@ class VerifiersEnvironment(GroupRunner):
         if message_type not in (None, "chat"):
             raise VerifiersError(f"{type(env).__name__}: message_type={message_type!r} is not supported; "
                                  f"vf-rl runs verifiers environments through chat completions only")
-        warning = check_console_scripts()
-        if warning:
-            logger.warning(warning)
+        warn_console_scripts()
         self.env = env
         self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
         _instrument_rubric(getattr(env, "rubric", None))

@@ -48,10 +48,10 @@ from .verifiers_adapter import (
     GroupRunner,
     VerifiersError,
     _plain,
-    check_console_scripts,
     check_supported,
     verifiers_api,
     verifiers_version,
+    warn_console_scripts,
 )
 
 logger = logging.getLogger(__name__)
@@ -289,9 +289,7 @@ class VerifiersV1Environment(GroupRunner):
             if task.data.prompt is None:
                 raise VerifiersError(f"{name}: task {task.data.idx} has no prompt (a user agent opens the "
                                      f"conversation); vf-rl needs a prompt per row")
-        warning = check_console_scripts()
-        if warning:
-            logger.warning(warning)
+        warn_console_scripts()
         self.env = env
         self.sampling_args: dict = {}
         self._renderer_models: dict[str, str] = {}
