@@ -150,6 +150,9 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=16)
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
+    p.add_argument("--vf-liger", action="store_true",
+                   help="vf-rl side: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger = true, as vf-rl does when "
+                        "liger-kernel is installed); liger's RoPE patch is module-wide, so TRL gets it too")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
@@ -344,12 +347,17 @@ class VfSide:
                       bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
-                      use_liger=False, temperature=1.0, logging_steps=1, **self.overrides)
+                      use_liger=a.vf_liger, temperature=1.0, logging_steps=1, **self.overrides)
         if "micro_batch_tokens" in self.overrides:  # pack by tokens (default: the padded path's largest micro batch)
             wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
         config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
         env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+        if a.vf_liger:  # what vf-rl's load_model does for a model it loads itself
+            from vf_rl.trainer.model import apply_liger
+
+            if not apply_liger(model, config):
+                raise SystemExit("--vf-liger: liger-kernel is not installed (or no GPU)")
         transformers.set_seed(a.seed)  # same LoRA initialisation as TRL (which seeds before get_peft_model)
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")

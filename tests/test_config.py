@@ -92,11 +92,13 @@ CASES = {
     "model in inference args": (edit("enforce_eager = true", 'enforce_eager = true\nmodel = "x"'),
                                 "inference.args.model", "top-level"),
     "unknown weight_sync": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "ncl"'),
-                            "trainer.args.weight_sync", "auto, filesystem, nccl, lora"),
+                            "trainer.args.weight_sync", "auto, filesystem, nccl, ipc, lora"),
     "nccl on the cpu": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 0").replace(
         "batch_size = 32", 'batch_size = 32\nweight_sync = "nccl"'), "weight_sync = 'nccl'", "use 'filesystem'"),
     "nccl on a shared gpu": (edit("[inference]\ngpus = 1", "[inference]\ngpus = 1\nshared = true").replace(
         "batch_size = 32", 'batch_size = 32\nweight_sync = "nccl"'), "inference.shared = true", "one GPU"),
+    "ipc without a shared gpu": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "ipc"'),
+                                 "weight_sync = 'ipc'", "inference.shared = true"),
     "lora sync without lora": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "lora"\nuse_lora = false'),
                                "weight_sync = 'lora'", "use_lora = true"),
     "lora sync with modules_to_save": (edit("batch_size = 32", 'batch_size = 32\nweight_sync = "lora"\n'
@@ -308,7 +310,7 @@ AGREE_REJECT = {
     "unknown advantage": ({"advantage_type": "std"}, "advantage_type: expected one of group_mean, group_mean_std"),
     "unknown scheduler": ({"lr_scheduler_type": "cosin"}, "unknown scheduler 'cosin' (did you mean 'cosine'?)"),
     "bf16 on the cpu": ({"bf16": True}, "bf16 = true needs a GPU"),
-    "unknown weight sync": ({"weight_sync": "disk"}, "weight_sync: expected one of auto, filesystem, nccl, lora"),
+    "unknown weight sync": ({"weight_sync": "disk"}, "weight_sync: expected one of auto, filesystem, nccl, ipc, lora"),
     "lora sync without lora": ({"weight_sync": "lora", "use_lora": False}, "weight_sync = 'lora' needs"),
     "lora sync with modules_to_save": ({"weight_sync": "lora", "lora_modules_to_save": ["lm_head"]},
                                        "cannot send lora_modules_to_save"),

@@ -87,14 +87,14 @@ def sampled(port: int, model: str, n: int = 8):
 
 
 def logprob_diff(model, rollouts, pad_token_id) -> tuple[float, float]:
-    """(mean, max) |trainer - server| log-prob over the sampled tokens."""
+    """(mean, max) |trainer - server| log-prob over the sampled tokens (``model`` on any GPU)."""
     from vf_rl.trainer.batching import micro_batches, rollout_to_samples
     from vf_rl.trainer.loss import selective_logprobs
 
     samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 1024)]
     diffs = []
     for mb in micro_batches(samples, 8, pad_token_id):
-        mb = {k: v.to("cuda:1") for k, v in mb.items()}
+        mb = {k: v.to(model.device) for k, v in mb.items()}
         with torch.no_grad():
             logits = model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"]).logits
         lp, _ = selective_logprobs(logits[:, :-1], mb["input_ids"][:, 1:], 1.0)
@@ -104,26 +104,46 @@ def logprob_diff(model, rollouts, pad_token_id) -> tuple[float, float]:
     return d.mean().item(), d.max().item()
 
 
-@pytest.mark.parametrize("transport", ["filesystem", "nccl", "lora"])
-def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp_path, transport):
+def lora_policy(model_dir: str, device: str):
+    """SmolLM2 bf16 with a "trained" LoRA adapter, far enough from the base to tell them apart."""
     from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device),
+                            LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.2)
+    return policy.eval()
+
+
+def merged_reference(model_dir: str, policy):
+    """The plain model holding ``W + BA`` rounded to bf16: exactly what a merged push sends."""
+    from transformers import AutoModelForCausalLM
+
+    from vf_rl.trainer.weights import merged_state_dict
+
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(policy.device)
+    reference.load_state_dict(merged_state_dict(policy, device=None), strict=False)
+    return reference
+
+
+# ipc: the trainer on GPU 0 with the server (shared = true); the others: the trainer on GPU 1
+@pytest.mark.parametrize("transport", ["filesystem", "nccl", "ipc", "lora"])
+def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp_path, transport):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl.trainer.weight_sync import LORA_NAME, make_weight_sync
 
     # full-weight reloads need a server without --enable-lora (vLLM 0.26 wraps the layers)
     client, port = request.getfixturevalue("lora_server" if transport == "lora" else "plain_server")
+    device = "cuda:0" if transport == "ipc" else "cuda:1"
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
-    policy = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1"),
-                            LoraConfig(r=16, lora_alpha=16, target_modules=["q_proj", "v_proj", "down_proj"]))
-    torch.manual_seed(0)
-    with torch.no_grad():  # a "trained" adapter, far enough from the base to tell them apart
-        for name, p in policy.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.2)
-    policy.eval()
-    sync = make_weight_sync(transport, client, tmp_path, torch.device("cuda:1"), bucket_mb=64)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+    policy = lora_policy(model_dir, device)
+    sync = make_weight_sync(transport, client, tmp_path, torch.device(device), bucket_mb=64)
     served = LORA_NAME if transport == "lora" else model_dir
     times = []
     try:
@@ -133,22 +153,18 @@ def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp
             sync.push(policy)
             times.append(time.perf_counter() - start)
         rollouts = sampled(port, served)
-        reference = policy  # vLLM applies the adapter unmerged, as peft does
-        if transport != "lora":  # the server holds W + BA rounded to bf16: compare with exactly that
-            from vf_rl.trainer.weights import merged_state_dict
-
-            reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda:1")
-            reference.load_state_dict(merged_state_dict(policy, device=None), strict=False)
+        # vLLM applies a hot-loaded adapter unmerged, as peft does; the others hold W + BA in bf16
+        reference = policy if transport == "lora" else merged_reference(model_dir, policy)
         mean, worst = logprob_diff(reference, rollouts, tokenizer.pad_token_id)
         unmerged_mean, _ = logprob_diff(policy, rollouts, tokenizer.pad_token_id)
         base_mean, _ = logprob_diff(base, rollouts, tokenizer.pad_token_id)
     finally:
         if transport != "lora":  # put the base weights back for the next transport
-            make_weight_sync("filesystem", client, tmp_path / "base", torch.device("cuda:1")).push(base)
+            make_weight_sync("filesystem", client, tmp_path / "base", torch.device(device)).push(base)
         sync.close()
     report = {"transport": transport, "push_s": times, "logprob_diff_mean": mean, "logprob_diff_max": worst,
               "unmerged_lora_diff_mean": unmerged_mean, "base_model_diff_mean": base_mean,
-              "device": torch.cuda.get_device_name(1)}
+              "device": torch.cuda.get_device_name(device)}
     print(json.dumps(report))
     if os.environ.get("VF_RL_GPU_REPORT"):
         with open(os.environ["VF_RL_GPU_REPORT"], "a") as f:
@@ -156,6 +172,47 @@ def test_transport_moves_server_logprobs_to_the_trainers(request, model_dir, tmp
     # bf16 on both sides, different attention/matmul kernels: 0.045-0.058 on H200s (RESULTS.md)
     assert mean < 0.1 and worst < 2.0
     assert base_mean > 3 * mean  # the server serves the policy, not the base model
+
+
+@pytest.mark.parametrize("transport", ["nccl", "ipc"])
+def test_overlapped_push_sends_the_snapshot_while_the_trainer_goes_on(plain_server, model_dir, tmp_path, transport):
+    """``push_async`` on GPUs: the adapter changes on the trainer's stream right after the push
+    starts (as the next step's optimizer would), the server still gets the weights of the
+    moment the push started; with ``ipc`` the server reads the trainer's own GPU memory."""
+    import copy
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl.trainer.weight_sync import make_weight_sync
+
+    client, port = plain_server
+    device = "cuda:0" if transport == "ipc" else "cuda:1"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    policy = lora_policy(model_dir, device)
+    reference = merged_reference(model_dir, copy.deepcopy(policy))
+    sync = make_weight_sync(transport, client, tmp_path, torch.device(device), bucket_mb=64)
+    try:
+        sync.push(policy)  # buffers, handles and the NCCL communicator made outside the timing
+        pushing = sync.push_async(policy)
+        with torch.no_grad():
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.mul_(-1.0)  # a large change, queued right behind the snapshot
+        assert pushing.result(timeout=120) == [0]
+        rollouts = sampled(port, model_dir)
+        mean, _ = logprob_diff(reference, rollouts, tokenizer.pad_token_id)
+        changed_mean, _ = logprob_diff(merged_reference(model_dir, policy), rollouts, tokenizer.pad_token_id)
+    finally:
+        base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device)
+        make_weight_sync("filesystem", client, tmp_path / "base", torch.device(device)).push(base)
+        sync.close()
+    report = {"transport": f"{transport}-overlapped", "push_s": [sync.last_push_s], "logprob_diff_mean": mean,
+              "changed_weights_diff_mean": changed_mean, "device": torch.cuda.get_device_name(device)}
+    print(json.dumps(report))
+    if os.environ.get("VF_RL_GPU_REPORT"):
+        with open(os.environ["VF_RL_GPU_REPORT"], "a") as f:
+            f.write(json.dumps(report) + "\n")
+    assert mean < 0.1 and changed_mean > 3 * mean
 
 
 def test_two_servers_feed_one_trainer(plain_server, second_server, model_dir, tmp_path):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 
 import httpx
 import pytest
@@ -144,11 +146,79 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
     assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
 
 
+def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, env, tokenizer, tmp_path):
+    """``push_async`` (the nccl transport over gloo): the weights are snapshotted when the push
+    starts, so a training step that changes them while it is on its way does not leak into
+    what the server gets, and a batch submitted ``after`` the push is sampled with the pushed
+    weights (its sampling log-probs are the snapshot's)."""
+    from vf_rl.trainer.orchestrator import Orchestrator
+
+    policy = trained_lora_policy(server.model)
+    snapshot = copy.deepcopy(policy)  # the weights as they are when the push starts
+    original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    client = InferenceClient(port=server.port)
+    sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120)
+    orchestrator = Orchestrator(env, [env.get_dataset()[i] for i in range(2)], base_url=f"{server.base_url}/v1",
+                                model_name=server.model, batch_size=4, rollouts_per_example=2,
+                                sampling_args={"max_tokens": 8, "temperature": 1.0}, max_seq_len=512)
+    try:
+        assert sync.overlaps
+        pushing = sync.push_async(policy)
+        with torch.no_grad():  # "the next step" changes the adapted weights in place at once
+            for name, p in policy.named_parameters():
+                if "lora_B" in name:
+                    p.add_(torch.randn_like(p) * 0.05)
+        orchestrator.submit(0, policy_step=0, after=pushing)
+        batch = orchestrator.wait(0)
+        assert pushing.done() and pushing.result() == [0] and sync.last_push_s > 0
+        mine, theirs = trainer_logprobs(snapshot, batch.samples, 1.0, tokenizer.pad_token_id)
+        assert (mine - theirs).abs().max().item() < TOLERANCE  # generated with the pushed snapshot
+        assert max_logprob_diff(snapshot, server, env, tokenizer) < TOLERANCE
+        assert max_logprob_diff(policy, server, env, tokenizer) > 20 * TOLERANCE  # not the changed weights
+    finally:  # restore the base weights for the other tests
+        orchestrator.close()
+        export_weights(original, tmp_path / "orig")
+        client.update_weights(str(tmp_path / "orig"))
+        sync.close()
+
+
+def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypatch, restore_base_weights):
+    """RLTrainer with an overlapping transport (the nccl transport's code over gloo, chosen by
+    patching only the transport choice): each step after the first logs the push's own time
+    (``timing/sync_push_s``) in the step that collects it, every batch after the first is one step off-policy, and the
+    run ends with the push collected."""
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.trainer import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "resolve_weight_sync", lambda *args, **kwargs: "nccl")
+    made = []
+
+    def make(kind, client, *args):
+        made.append(BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120))
+        return made[-1]
+
+    monkeypatch.setattr(trainer_module, "make_weight_sync", make)
+    args = RLConfig(output_dir=str(tmp_path), use_cpu=True, vllm_server_port=server.port, batch_size=4,
+                    rollouts_per_example=2, micro_batch_size=4, max_tokens=8, max_steps=3, learning_rate=1e-3,
+                    logging_steps=1, save_steps=100, report_to=[])
+    env = load_environment("reverse-text", source="offline", num_train_examples=8, num_eval_examples=1)
+    RLTrainer(model=server.model, env=env, args=args, served_model_name=server.model).train()
+    steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
+    assert len(steps) == 3 and len(made) == 1 and made[0]._pusher is None  # closed after the last push
+    # step 2 starts a push while it trains, step 3 collects it (and starts its own, collected at the end)
+    assert [r.get("timing/sync_push_s", 0.0) > 0 for r in steps] == [False, False, True]
+    assert [r["off_policy/staleness"] for r in steps] == [0.0, 1.0, 1.0]
+
+
 def test_weight_routes_reject_bad_requests(server):
     assert httpx.get(f"{server.base_url}/weight_sync_info").json() == {"workers": 1, "devices": ["cpu"]}
     assert httpx.post(f"{server.base_url}/update_weights", json={"nope": 1}).status_code == 400
     missing = httpx.post(f"{server.base_url}/update_weights", json={"path": "/no/such/weights"})
     assert missing.status_code == 404 and "no safetensors" in missing.json()["error"]
+    assert httpx.post(f"{server.base_url}/update_weights_ipc", json={"buckets": []}).status_code == 400
+    # well-formed, but the counts differ: the worker refuses, the server answers and keeps serving
+    mismatched = httpx.post(f"{server.base_url}/update_weights_ipc", json={"buckets": [], "handles": [{}]})
+    assert mismatched.status_code == 500 and "1 ipc handles" in mismatched.json()["error"]
     assert httpx.post(f"{server.base_url}/reset_prefix_cache").json() == {"status": "ok"}
 
 

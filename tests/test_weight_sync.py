@@ -65,8 +65,13 @@ def test_bucket_planning_rejects_bad_input():
     ("auto", "cpu", ["cpu"], "filesystem"),
     ("auto", "GPU-1", ["GPU-0"], "nccl"),
     ("auto", "GPU-2", ["GPU-0", "GPU-1"], "nccl"),
-    ("auto", "GPU-0", ["GPU-0"], "filesystem"),
+    ("auto", "GPU-0", ["GPU-0"], "ipc"),
+    ("auto", "GPU-0", ["GPU-0", "GPU-0"], "ipc"),
     ("auto", "GPU-1", ["GPU-0", "GPU-1"], "filesystem"),
+    ("ipc", "GPU-0", ["GPU-0"], "ipc"),
+    ("ipc", "GPU-1", ["GPU-0"], "needs every vLLM worker on the trainer's GPU"),
+    ("ipc", "GPU-1", ["GPU-0", "GPU-1"], "needs every vLLM worker on the trainer's GPU"),
+    ("ipc", "cpu", ["cpu"], "needs the trainer and the vLLM server on GPUs"),
     ("nccl", "GPU-1", ["GPU-0", "GPU-2"], "nccl"),
     ("lora", "GPU-0", ["GPU-0"], "lora"),
     ("filesystem", "cpu", ["cpu"], "filesystem"),
@@ -75,16 +80,20 @@ def test_bucket_planning_rejects_bad_input():
     ("rdma", "GPU-1", ["GPU-0"], "expected one of"),
 ])
 def test_transport_choice(requested, trainer, server, expected):
-    """``auto`` picks nccl exactly when no GPU is shared; explicit choices that cannot work fail."""
-    if expected in ("filesystem", "nccl", "lora"):
+    """``auto`` picks nccl exactly when no GPU is shared, ipc when every worker is on the
+    trainer's GPU; explicit choices that cannot work fail."""
+    if expected in ("filesystem", "nccl", "ipc", "lora"):
         assert resolve_weight_sync(requested, trainer, server) == expected
     else:
         with pytest.raises(ValueError, match=expected):
             resolve_weight_sync(requested, trainer, server)
 
 
-def test_auto_does_not_pick_nccl_for_a_server_on_another_host():
+def test_auto_does_not_pick_nccl_or_ipc_for_a_server_on_another_host():
     assert resolve_weight_sync("auto", "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
+    assert resolve_weight_sync("auto", "GPU-0", ["GPU-0"], server_is_local=False) == "filesystem"
+    with pytest.raises(ValueError, match="on this machine"):
+        resolve_weight_sync("ipc", "GPU-0", ["GPU-0"], server_is_local=False)
 
 
 def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
@@ -109,6 +118,6 @@ def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):
 def test_weight_sync_key_is_checked_by_rl_config():
     from vf_rl.config.rl_config import RLConfig
 
-    with pytest.raises(ValueError, match="weight_sync: expected one of auto, filesystem, nccl, lora"):
+    with pytest.raises(ValueError, match="weight_sync: expected one of auto, filesystem, nccl, ipc, lora"):
         RLConfig(output_dir="/tmp/unused", use_cpu=True, weight_sync="disk", batch_size=4, rollouts_per_example=2,
                  micro_batch_size=2)

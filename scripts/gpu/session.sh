@@ -8,6 +8,8 @@
 #   shared : vf-rl with inference and trainer on one GPU (shared = true)
 #   graphs : the same, 10 steps, vLLM with CUDA graphs (no enforce_eager)
 #   scale  : issue 16, two vf-vllm servers (GPU 0 and GPU 1) feeding one vf-train, 3 steps (tests/test_gpu.py)
+#   sync   : the GPU tests of every weight-sync transport (ipc included) and of overlapped pushes
+#   bench-liger: trainer_step.py at fixed length, vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
 #   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
 #            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
 #            for it and copies its outputs to $OUT
@@ -34,6 +36,16 @@ bench)  # BENCH="qwen2-0.5b:full llama-1b:lora" picks a subset
   for case in ${BENCH:-qwen2-0.5b:full qwen2-0.5b:lora llama-1b:full llama-1b:lora}; do
     m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
     run $m-$kind 140 python3 benchmarks/trainer_step.py --model-config $m $flag --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --json $OUT/ts-$m-$kind.json
+  done
+  ;;
+sync)
+  VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run sync 400 python3 -m pytest -m gpu tests/test_gpu.py -k "not two_servers" -s -q -p no:cacheprovider
+  ;;
+bench-liger)  # BENCH as in bench
+  [ -f /tmp/site3/.done ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site3 /tmp/chunks/.gpu/liger/*.whl && touch /tmp/site3/.done; }
+  for case in ${BENCH:-llama-1b:full qwen2-0.5b:full llama-1b:lora qwen2-0.5b:lora}; do
+    m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
+    PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --json $OUT/liger-$m-$kind.json
   done
   ;;
 sync1b)

@@ -88,9 +88,9 @@ class RLConfig(TrainingArguments):
     generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch; rollouts not finished by then count as errors."})
     request_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for one request to the inference server (a chat completion)."})
     # Weight sync
-    weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"lora\" (adapter only, hot-loaded) or \"auto\" (nccl when the trainer and vLLM are on different GPUs of this machine, else filesystem)."})
+    weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"ipc\" (CUDA IPC; trainer and server on one GPU), \"lora\" (adapter only, hot-loaded) or \"auto\" (nccl when the trainer and vLLM are on different GPUs of this machine, ipc when they share the trainer's GPU, else filesystem)."})
     weight_sync_port: int = field(default=0, metadata={"help": "TCP port for forming the NCCL weight-sync group (0: a free port)."})
-    weight_sync_bucket_mb: int = field(default=1024, metadata={"help": "Largest flat buffer per NCCL broadcast, MiB."})
+    weight_sync_bucket_mb: int = field(default=1024, metadata={"help": "Largest flat buffer per NCCL broadcast or CUDA IPC buffer, MiB."})
     # Other
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training rows once (seeded by `seed`)."})
     use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only; a warning when it is not)."})

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from .fields import FieldSpec, annotation_type, rl_fields, scheduler_types
 
-WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "lora")
+WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 LOSS_TYPES = ("cispo", "dapo")
 """Built-in losses (``trainer/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
 ADVANTAGE_TYPES = ("group_mean", "group_mean_std")

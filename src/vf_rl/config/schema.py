@@ -158,7 +158,10 @@ def validate_layout(config: "VfRlConfig", a: dict[str, Any]) -> None:
                           "use 'filesystem' on the CPU")
     if kind == "nccl" and shared:
         raise ConfigError("trainer.args.weight_sync = 'nccl' cannot work with inference.shared = true (NCCL cannot "
-                          "connect two ranks on one GPU); use 'filesystem' or 'lora'")
+                          "connect two ranks on one GPU); use 'ipc', 'filesystem' or 'lora'")
+    if kind == "ipc" and not shared:
+        raise ConfigError("trainer.args.weight_sync = 'ipc' needs inference.shared = true (the trainer and vLLM on "
+                          "one GPU); use 'nccl' or 'filesystem'")
     if config.trainer.nodes > 1:
         import re
 

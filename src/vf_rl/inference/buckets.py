@@ -3,7 +3,8 @@ handful of large collective broadcasts instead of one message per tensor.
 
 The trainer plans (:func:`plan_buckets`) and packs (:func:`pack_bucket`), sends each bucket's metadata as JSON over HTTP and
 broadcasts each buffer; every vLLM worker allocates the same buffers, receives them and
-unpacks them (:func:`unpack_bucket`) into views. Used by the ``nccl`` weight-sync transport.
+unpacks them (:func:`unpack_bucket`) into views. Used by the ``nccl`` weight-sync transport, and
+by ``ipc``, whose buffers stay on the trainer's GPU and are opened by the workers in place.
 """
 
 from __future__ import annotations
@@ -82,10 +83,13 @@ def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     return done + [b for b in open_buckets.values() if b.numel]
 
 
-def pack_bucket(bucket: Bucket, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+def pack_bucket(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
     """The flat buffer of ``bucket``: 1-D, ``bucket.numel`` elements of its dtype, on the
-    device of its tensors."""
+    device of its tensors; written into ``out`` (same numel and dtype) when given, which the
+    ``ipc`` transport reuses across updates."""
     parts = [tensors[name].reshape(-1) for name, _, _ in bucket.tensors]
+    if out is not None:
+        return torch.cat(parts, out=out) if len(parts) > 1 else out.copy_(parts[0])
     return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
 
 

@@ -112,6 +112,11 @@ class InferenceClient:
         every worker has received and reloaded the weights."""
         return self._post("/update_weights_broadcast", {"buckets": buckets})
 
+    def update_weights_ipc(self, buckets: list[dict], handles: list[dict]) -> dict:
+        """Announce a weight update in the trainer's shared GPU buffers (``ipc.share`` per
+        bucket); returns when every worker has copied and loaded the weights."""
+        return self._post("/update_weights_ipc", {"buckets": buckets, "handles": handles})
+
     def load_lora_adapter(self, name: str, path: str) -> dict:
         """Load (or reload in place) the peft adapter at ``path`` as model ``name``.
 

@@ -8,6 +8,8 @@ Routes (all JSON):
                               -> every worker joins the trainer's broadcast group
     POST /update_weights_broadcast {"buckets": [Bucket.to_json(), ...]}
                               -> every worker receives the buckets the trainer broadcasts, reloads
+    POST /update_weights_ipc  {"buckets": [Bucket.to_json(), ...], "handles": [ipc.share(), ...]}
+                              -> every worker copies the trainer's buffers on their shared GPU, reloads
     POST /upload_weights      (body: one .safetensors file) -> the same reload, for a trainer on
                               another host that shares no filesystem with the server
     POST /reset_prefix_cache  -> drop cached KV blocks computed with old weights
@@ -37,7 +39,8 @@ from fastapi.responses import JSONResponse
 
 SECRET_HEADER = "X-VF-RL-Secret"
 ROUTES = {("GET", "/weight_sync_info"), ("POST", "/update_weights"), ("POST", "/upload_weights"),
-          ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/reset_prefix_cache")}
+          ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/update_weights_ipc"),
+          ("POST", "/reset_prefix_cache")}
 
 
 def weight_secret() -> str | None:
@@ -109,6 +112,13 @@ async def weight_sync_routes(request: Request, call_next):
             if not isinstance(body, dict) or not isinstance(body.get("buckets"), list):
                 return JSONResponse({"error": "body must be {\"buckets\": [...]}"}, status_code=400)
             results = await engine.collective_rpc("vf_receive_broadcast", args=(body["buckets"],))
+            await engine.reset_prefix_cache()
+            return JSONResponse({"status": "ok", "workers": results})
+        if path == "/update_weights_ipc":
+            if not isinstance(body, dict) or not all(isinstance(body.get(k), list) for k in ("buckets", "handles")):
+                return JSONResponse({"error": "body must be {\"buckets\": [...], \"handles\": [...]}"},
+                                    status_code=400)
+            results = await engine.collective_rpc("vf_receive_ipc", args=(body["buckets"], body["handles"]))
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok", "workers": results})
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):

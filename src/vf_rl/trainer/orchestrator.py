@@ -9,6 +9,7 @@ re-done for any step, e.g. after a resume.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import sys
 import threading
@@ -135,14 +136,18 @@ class Orchestrator:
         """Whether batch ``step`` is being generated or waits to be taken."""
         return step in self._futures
 
-    def submit(self, step: int, policy_step: int | None = None) -> None:
+    def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
         """Start generating batch ``step`` in the background (no-op if already submitted).
 
-        ``policy_step``: the optimizer step whose weights the server holds now (default
-        ``step``); ``step - policy_step`` is logged as ``off_policy/staleness``."""
+        Args:
+            policy_step: the optimizer step whose weights the server holds (default ``step``);
+                ``step - policy_step`` is logged as ``off_policy/staleness``.
+            after: a ``concurrent.futures.Future`` to wait for first (a weight update still
+                being pushed); its error is left to whoever pushed it.
+        """
         if step not in self._futures:
             staleness = step - (step if policy_step is None else policy_step)
-            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step, staleness), self._loop)
+            self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step, staleness, after), self._loop)
 
     def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> Batch:
         """Wait for batch ``step`` (submitting it first if needed) and take it.
@@ -213,7 +218,10 @@ class Orchestrator:
         rollouts = [r for i in range(len(rows)) for r in by_row[i][1]]
         return rollouts, [by_row[i][0] for i in range(len(rows)) for _ in range(rollouts_per_example)]
 
-    async def _generate(self, step: int, staleness: int = 0) -> Batch:
+    async def _generate(self, step: int, staleness: int = 0, after: Future | None = None) -> Batch:
+        if after is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wrap_future(after)
         start = time.perf_counter()
         rows = self.rows_for_step(step)
         self._done[step] = 0

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
@@ -118,7 +119,8 @@ class RLTrainer(Trainer):
         self.servers = [InferenceClient(url=url, timeout=args.vllm_server_timeout) for url in args.server_urls()]
         self.orchestrator: Orchestrator | None = None  # main process only
         self.weight_sync = None  # main process only: a transport from weight_sync.py
-        self._synced_step = 0  # the server holds the weights of this optimizer step
+        self._synced_step = 0  # the server holds (or is being pushed) the weights of this optimizer step
+        self._pushing: Future | None = None  # a push overlapping the current step (sync_weights)
         self._step_metrics: dict[str, float] = {}
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         self._server_reconnects = 0  # batches generated again after the server came back
@@ -156,6 +158,9 @@ class RLTrainer(Trainer):
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
+            if self._pushing is not None:
+                self._pushing.exception()  # let it finish before the transport closes
+                self._pushing = None
             if self.orchestrator is not None:
                 self.orchestrator.close()
             if self.weight_sync is not None:
@@ -219,20 +224,26 @@ class RLTrainer(Trainer):
         gets the current weights and batches up to ``step + max_off_policy_steps`` are submitted,
         so they generate while this step trains (batches already in flight finish with the new
         weights: each token's sampling log-prob is the one it was drawn with, so the importance
-        ratio stays exact). Every process gets the main process's batch."""
+        ratio stays exact). Every process gets the main process's batch.
+
+        With ``nccl`` or ``ipc`` and one process the push itself overlaps this step's training
+        (``push_async``): the next batch waits for it in the orchestrator, the trainer only at
+        the start of the next step (``_finish_sync``)."""
         batch = None
+        self._finish_sync()
         if self.is_world_process_zero():
             if not self.orchestrator.submitted(step) and self._synced_step != step:
                 with self._timed("sync_s"):
                     self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
             with self._timed("wait_s"):
                 batch = self._wait_for_batch(step)
+        pushing = None
         if self._synced_step != step:
             with self._timed("sync_s"):
-                self.sync_weights(step)
+                pushing = self.sync_weights(step, overlap=True)
         if self.is_world_process_zero():  # up to max_off_policy_steps ahead, generated with this step's weights
             for ahead in range(step + 1, min(step + self.args.max_off_policy_steps + 1, self.args.max_steps)):
-                self.orchestrator.submit(ahead, policy_step=step)
+                self.orchestrator.submit(ahead, policy_step=step, after=pushing)
         return self._share_batch(batch)
 
     def _wait_for_batch(self, step: int) -> Batch:
@@ -369,6 +380,7 @@ class RLTrainer(Trainer):
         step = self.state.global_step
         if self._last_eval[0] == step:  # Trainer may ask twice at the last step (step and epoch end)
             return self._last_eval[1]
+        self._finish_sync()
         if self.is_world_process_zero():
             self.orchestrator.wait_idle()  # never change the weights under a batch being generated
         if self._synced_step != step:
@@ -388,22 +400,51 @@ class RLTrainer(Trainer):
 
     # --- weight sync ------------------------------------------------------------------------
 
-    def sync_weights(self, step: int) -> None:
+    def sync_weights(self, step: int, overlap: bool = False) -> Future | None:
         """Push the current weights to the inference server through the weight-sync
-        transport (main process; the others wait)."""
+        transport (main process; the others wait).
+
+        Args:
+            overlap: with one process and a transport that can (``nccl``, ``ipc``), snapshot
+                the weights and push them in the background; the returned future is done
+                when the servers hold them, and ``_finish_sync`` collects it.
+        Returns:
+            that future, or ``None`` when the push has already finished.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if overlap and self.args.world_size == 1 and self.weight_sync.overlaps:
+            self._pushing = self.weight_sync.push_async(model)
+            self._synced_step = step
+            return self._pushing
         with self._full_weights():
             if self.is_world_process_zero():
-                try:
-                    reached = self.weight_sync.push(self.accelerator.unwrap_model(self.model))
-                except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
-                    if len(self.servers) > 1 or self.servers[0].is_healthy():
-                        raise
-                    self._reconnect("the weight sync could not reach the inference server")
-                    reached = [0]
-                if self.orchestrator is not None:
-                    self.orchestrator.set_active(reached)
+                self._pushed(lambda: self.weight_sync.push(model))
         self.accelerator.wait_for_everyone()
         self._synced_step = step
+        return None
+
+    def _finish_sync(self) -> None:
+        """Wait for a push started by ``sync_weights(overlap=True)`` (its time counts in
+        ``timing/sync_s``, the push's own duration is ``timing/sync_push_s``)."""
+        pushing, self._pushing = self._pushing, None
+        if pushing is not None:
+            with self._timed("sync_s"):
+                self._pushed(pushing.result)
+            self._timings["sync_push_s"] = self.weight_sync.last_push_s
+
+    def _pushed(self, push) -> None:
+        """Main process: ``push()`` (a transport's push, or a pending push's ``result``), with a
+        server that went away waited for and given the current weights; then only the servers
+        that got the weights take rollouts."""
+        try:
+            reached = push()
+        except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
+            if len(self.servers) > 1 or self.servers[0].is_healthy():
+                raise
+            self._reconnect("the weight sync could not reach the inference server")
+            reached = [0]
+        if self.orchestrator is not None:
+            self.orchestrator.set_active(reached)
 
     def _full_weights(self):
         """DeepSpeed ZeRO-3 keeps only a shard of every weight on each process: gather the full

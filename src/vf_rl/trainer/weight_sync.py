@@ -10,13 +10,25 @@ Transports (``weight_sync`` in ``[trainer.args]``):
     each update broadcasts the merged weights GPU to GPU in a few flat buckets of at most
     ``weight_sync_bucket_mb`` (``buckets.py``), announced by one ``POST
     /update_weights_broadcast``. Needs the trainer and the server on different GPUs.
+``ipc``
+    The trainer shares a GPU with the server (``[inference] shared = true``): the merged weights
+    are packed into flat buffers on that GPU, which each vLLM worker opens once through CUDA IPC
+    (``ipc.py``) and copies from at every update, announced by one ``POST
+    /update_weights_ipc``. No host copy, no file. The buffers (one copy of the weights, in
+    buckets of at most ``weight_sync_bucket_mb``) stay allocated for the whole run.
 ``lora``
     Only the adapter moves: saved with peft and hot-loaded into vLLM's LoRA support
     (``POST /v1/load_lora_adapter``, ``load_inplace``); rollouts then ask for the adapter by
     name. Needs ``use_lora`` and a server started with ``--enable-lora`` (``vf-rl`` adds it).
 ``auto`` (default)
     ``nccl`` when the trainer and every vLLM worker are on different GPUs of this machine,
-    ``filesystem`` otherwise (CPU, a GPU shared with the server, a server on another host).
+    ``ipc`` when they are all on the trainer's GPU, ``filesystem`` otherwise (CPU, a server on
+    another host, a mix).
+
+``nccl`` and ``ipc`` can also overlap an update with the next training step
+(:meth:`push_async`): the weights are snapshotted into the transport's buffers on the
+trainer's stream, then sent from a background thread on a side stream while the trainer goes
+on; the next batch starts generating once the update is in.
     ``lora`` is never picked by itself: serving an unmerged adapter slows generation (figures
     for each transport in benchmarks/RESULTS.md).
 """
@@ -25,7 +37,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -57,13 +69,19 @@ def resolve_weight_sync(requested: str, trainer_device: str, server_devices: lis
         raise ValueError(f"weight_sync: expected one of {', '.join(CHOICES)}, got {requested!r}")
     on_cpu = trainer_device == "cpu" or "cpu" in server_devices
     shared = trainer_device in server_devices
+    all_shared = bool(server_devices) and all(d == trainer_device for d in server_devices)
     if requested == "auto":
-        return "nccl" if server_is_local and not on_cpu and not shared else "filesystem"
-    if requested == "nccl" and on_cpu:
-        raise ValueError("weight_sync = 'nccl' needs the trainer and the vLLM server on GPUs; use 'filesystem'")
+        if not server_is_local or on_cpu:
+            return "filesystem"
+        return "ipc" if all_shared else "filesystem" if shared else "nccl"
+    if requested in ("nccl", "ipc") and on_cpu:
+        raise ValueError(f"weight_sync = '{requested}' needs the trainer and the vLLM server on GPUs; use 'filesystem'")
     if requested == "nccl" and shared:
         raise ValueError("weight_sync = 'nccl' cannot connect two ranks on one GPU, and the trainer shares a GPU with "
-                         "the vLLM server; use 'filesystem' or 'lora'")
+                         "the vLLM server; use 'ipc', 'filesystem' or 'lora'")
+    if requested == "ipc" and not (all_shared and server_is_local):
+        raise ValueError("weight_sync = 'ipc' needs every vLLM worker on the trainer's GPU, on this machine "
+                         "([inference] shared = true); use 'nccl' or 'filesystem'")
     return requested
 
 
@@ -81,7 +99,78 @@ def _each(clients: list[InferenceClient], call) -> list[int]:
     return alive
 
 
-class FilesystemSync:
+class _Transport:
+    """What every transport offers: ``push`` (blocking) and ``push_async``.
+
+    Attributes:
+        last_push_s: seconds the last push took from snapshot to the servers' answer.
+    """
+
+    overlaps = False  # push_async really runs in the background
+    last_push_s = 0.0
+
+    def push(self, model: torch.nn.Module) -> list[int]:
+        """Send the model's current weights; returns the indices of the servers that got them."""
+        start = time.perf_counter()
+        try:
+            return self._send(self._snapshot(model))
+        finally:
+            self.last_push_s = time.perf_counter() - start
+
+    def push_async(self, model: torch.nn.Module) -> Future:
+        """Snapshot the weights now and send them in the background.
+
+        The snapshot's GPU work is queued on the caller's current stream, so kernels queued
+        after this call (the next step's forward, backward and optimizer step) cannot change
+        what is sent. The send runs in a background thread on a side CUDA stream that waits
+        only for the snapshot. Transports that cannot overlap (``overlaps = False``) push
+        right away and return a finished future.
+
+        Returns:
+            a ``concurrent.futures.Future`` of the indices of the servers that got the weights
+            (its ``result()`` raises what ``push`` would have raised).
+        """
+        if not self.overlaps:
+            future: Future = Future()
+            try:
+                future.set_result(self.push(model))
+            except Exception as exc:  # handed to whoever waits for the future, as a thread would
+                future.set_exception(exc)
+            return future
+        start = time.perf_counter()
+        snapshot = self._snapshot(model)
+        ready = None
+        if self.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device))
+
+        def send():
+            try:
+                if ready is None:
+                    return self._send(snapshot)
+                ready.synchronize()  # the snapshot is complete (later kernels are not waited for)
+                with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.Stream(self.device)):
+                    return self._send(snapshot)
+            finally:
+                self.last_push_s = time.perf_counter() - start
+
+        if getattr(self, "_pusher", None) is None:
+            self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vf-rl-weight-push")
+        return self._pusher.submit(send)
+
+    def _snapshot(self, model: torch.nn.Module):
+        raise NotImplementedError
+
+    def _send(self, snapshot) -> list[int]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        if getattr(self, "_pusher", None) is not None:
+            self._pusher.shutdown(wait=True)
+            self._pusher = None
+
+
+class FilesystemSync(_Transport):
     """Merged weights as one safetensors file, written once: a server on this machine reads it
     from our disk, a server elsewhere gets it in an HTTP request (``POST /upload_weights``).
 
@@ -93,10 +182,10 @@ class FilesystemSync:
     def __init__(self, client, directory: Path, upload: bool | None = None):
         self.clients, self.directory, self.upload = _clients(client), Path(directory), upload
 
-    def push(self, model: torch.nn.Module) -> list[int]:
-        """Returns the indices of the servers that got the weights."""
-        path = str(export_weights(model, self.directory).resolve())
+    def _snapshot(self, model: torch.nn.Module) -> str:
+        return str(export_weights(model, self.directory).resolve())
 
+    def _send(self, path: str) -> list[int]:
         def send(client: InferenceClient) -> None:
             if self.upload if self.upload is not None else not client.is_local:
                 client.upload_weights(path)
@@ -105,11 +194,8 @@ class FilesystemSync:
 
         return _each(self.clients, send)
 
-    def close(self) -> None:
-        pass
 
-
-class BroadcastSync:
+class BroadcastSync(_Transport):
     """Merged weights broadcast from the trainer's device to every vLLM worker of every server
     (one group: the trainer is rank 0, server ``k``'s workers follow those of servers ``< k``).
 
@@ -140,48 +226,93 @@ class BroadcastSync:
         joined = [self.http.submit(c.init_broadcast, host, port, world_size, backend, timeout_s, offset)
                   for c, offset in zip(self.clients, offsets)]
         self.group = BroadcastGroup(host, port, 0, world_size, backend, timeout_s, device=device)
+        self.device = self.group.device
         for future in joined:
             future.result()
         self.buckets_sent = 0
 
-    def push(self, model: torch.nn.Module) -> list[int]:
-        """Returns the indices of the servers that got the weights (all: a broadcast needs every
-        member of the group)."""
+    overlaps = True
+
+    def _snapshot(self, model: torch.nn.Module) -> tuple[list, list[torch.Tensor]]:
         tensors = merged_state_dict(model, device=None)
         buckets = plan_buckets(tensors.items(), self.bucket_bytes)
+        return buckets, [pack_bucket(bucket, tensors).to(self.device) for bucket in buckets]
+
+    def _send(self, snapshot) -> list[int]:
+        """All the servers (a broadcast needs every member of the group)."""
+        buckets, buffers = snapshot
         announced = [b.to_json() for b in buckets]
         received = [self.http.submit(c.update_weights_broadcast, announced) for c in self.clients]
-        for bucket in buckets:
-            self.group.broadcast(pack_bucket(bucket, tensors).to(self.group.device))
+        for buffer in buffers:
+            self.group.broadcast(buffer)
         for future in received:
             future.result()
         self.buckets_sent = len(buckets)
         return list(range(len(self.clients)))
 
     def close(self) -> None:
+        super().close()
         self.group.close()
         self.http.shutdown(wait=False)
 
 
-class LoraSync:
+class IpcSync(_Transport):
+    """Merged weights packed into flat buffers on the trainer's GPU, read in place by every
+    vLLM worker on that GPU through CUDA IPC (``ipc.py``). The buffers and their handles are
+    made at the first push and reused (a model whose tensor layout changes gets new ones).
+
+    Args:
+        client: one server's client, or a list of them (all on the trainer's GPU).
+        device: the trainer's CUDA device.
+        bucket_bytes: largest flat buffer (bytes).
+    """
+
+    overlaps = True
+
+    def __init__(self, client, device: torch.device, bucket_bytes: int = 1 << 30):
+        self.clients, self.device, self.bucket_bytes = _clients(client), torch.device(device), bucket_bytes
+        self.buckets: list = []
+        self.buffers: list[torch.Tensor] = []
+        self.handles: list[dict] = []
+
+    def _snapshot(self, model: torch.nn.Module) -> None:
+        from vf_rl.inference.ipc import share
+
+        tensors = merged_state_dict(model, device=None)
+        buckets = plan_buckets(tensors.items(), self.bucket_bytes)
+        if [b.to_json() for b in buckets] != [b.to_json() for b in self.buckets]:
+            self.buckets = buckets
+            self.buffers = [torch.empty(b.numel, dtype=tensors[b.tensors[0][0]].dtype, device=self.device)
+                            for b in buckets]
+            self.handles = [share(buffer) for buffer in self.buffers]
+        for bucket, buffer in zip(self.buckets, self.buffers):
+            pack_bucket(bucket, tensors, out=buffer)
+
+    def _send(self, snapshot=None) -> list[int]:
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()  # the buffers are written before a worker reads them
+        announced = [b.to_json() for b in self.buckets]
+        return _each(self.clients, lambda c: c.update_weights_ipc(announced, self.handles))
+
+
+class LoraSync(_Transport):
     """Only the LoRA adapter: saved with peft, hot-loaded into each server as ``LORA_NAME``
     (the servers must be able to read the adapter's directory)."""
 
     def __init__(self, client, directory: Path):
         self.clients, self.directory = _clients(client), Path(directory)
 
-    def push(self, model: torch.nn.Module) -> list[int]:
-        """Returns the indices of the servers that got the adapter."""
+    def _snapshot(self, model: torch.nn.Module) -> Path:
         final = self.directory / "lora"
         staging = self.directory / ".lora-tmp"
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(str(staging))
         shutil.rmtree(final, ignore_errors=True)
         staging.rename(final)
-        return _each(self.clients, lambda c: c.load_lora_adapter(LORA_NAME, str(final.resolve())))
+        return final
 
-    def close(self) -> None:
-        pass
+    def _send(self, final: Path) -> list[int]:
+        return _each(self.clients, lambda c: c.load_lora_adapter(LORA_NAME, str(final.resolve())))
 
 
 def make_weight_sync(kind: str, client, output_dir: Path, device: torch.device, port: int = 0,
@@ -193,6 +324,8 @@ def make_weight_sync(kind: str, client, output_dir: Path, device: torch.device, 
         return FilesystemSync(client, Path(output_dir) / "weights")
     if kind == "lora":
         return LoraSync(client, Path(output_dir) / "weights")
+    if kind == "ipc":
+        return IpcSync(client, device, bucket_bytes=bucket_mb << 20)
     if kind == "nccl":
         sync = BroadcastSync(client, device, "nccl", port=port, bucket_bytes=bucket_mb << 20, timeout_s=timeout_s)
         print(f"Weight sync: NCCL group with {len(sync.clients)} server(s) formed in "
