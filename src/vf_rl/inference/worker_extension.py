@@ -19,10 +19,10 @@ class WeightSyncExtension:
     def vf_reload_weights(self, path: str) -> dict:
         """Reload weights in place from safetensors files in checkpoint format.
 
-        Uses ``model_runner.reload_weights(is_checkpoint_format=True)``, which re-runs the
+        On the CPU through ``model_runner.reload_weights(is_checkpoint_format=True)``, which re-runs the
         model's weight processing (on the CPU, oneDNN prepacking of linear layers). Calling
         ``model.load_weights`` directly fails half-way on a prepacked CPU model and leaves it
-        half-updated, so it is never used here.
+        half-updated, so on the CPU it is never used (``_vf_reload``).
 
         Args:
             path: a ``.safetensors`` file or a directory of them, tensor names as

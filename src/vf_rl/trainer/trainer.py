@@ -2,8 +2,9 @@
 
 One optimizer step ``n`` (``training_step``):
     1. take batch ``n`` from the orchestrator (generated with the weights of step ``n - 1``);
-    2. push the current weights to the inference server (skipped if unchanged);
-    3. submit batch ``n + 1``, which generates while we train;
+    2. push the current weights to the inference server (skipped if unchanged; ``nccl`` and
+       ``ipc`` push in the background, under this step's training);
+    3. submit batch ``n + 1``, which generates (after the push) while we train;
     4. for each micro batch: forward, log-probs of the sampled tokens at the sampling
        temperature, the loss (``loss.py``: ``loss_type`` or ``loss_fn``), backward.
        ``Trainer`` then clips, steps and schedules;
@@ -51,6 +52,7 @@ from .orchestrator import Batch, Orchestrator
 from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
+from .weights import gathered_weights
 
 
 class _StepsDataset(torch.utils.data.Dataset):
@@ -401,22 +403,16 @@ class RLTrainer(Trainer):
     # --- weight sync ------------------------------------------------------------------------
 
     def sync_weights(self, step: int, overlap: bool = False) -> Future | None:
-        """Push the current weights to the inference server through the weight-sync
-        transport (main process; the others wait).
-
-        Args:
-            overlap: with one process and a transport that can (``nccl``, ``ipc``), snapshot
-                the weights and push them in the background; the returned future is done
-                when the servers hold them, and ``_finish_sync`` collects it.
-        Returns:
-            that future, or ``None`` when the push has already finished.
-        """
+        """Push the current weights to the inference server (main process; the others wait).
+        With ``overlap``, one process and a transport that can (``nccl``, ``ipc``): snapshot them
+        and push in the background; returns that push's future (``_finish_sync`` collects it),
+        else ``None``, the push done."""
         model = self.accelerator.unwrap_model(self.model)
         if overlap and self.args.world_size == 1 and self.weight_sync.overlaps:
             self._pushing = self.weight_sync.push_async(model)
             self._synced_step = step
             return self._pushing
-        with self._full_weights():
+        with gathered_weights(self.model):
             if self.is_world_process_zero():
                 self._pushed(lambda: self.weight_sync.push(model))
         self.accelerator.wait_for_everyone()
@@ -433,9 +429,8 @@ class RLTrainer(Trainer):
             self._timings["sync_push_s"] = self.weight_sync.last_push_s
 
     def _pushed(self, push) -> None:
-        """Main process: ``push()`` (a transport's push, or a pending push's ``result``), with a
-        server that went away waited for and given the current weights; then only the servers
-        that got the weights take rollouts."""
+        """Main process: ``push()``; a server that went away is waited for and given the current
+        weights. Then only the servers that got the weights take rollouts."""
         try:
             reached = push()
         except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
@@ -445,18 +440,6 @@ class RLTrainer(Trainer):
             reached = [0]
         if self.orchestrator is not None:
             self.orchestrator.set_active(reached)
-
-    def _full_weights(self):
-        """DeepSpeed ZeRO-3 keeps only a shard of every weight on each process: gather the full
-        weights on every process for the sync (a collective, so every process enters it; the
-        memory of one full copy of the model per process while it lasts). A no-op otherwise."""
-        from transformers.integrations import is_deepspeed_zero3_enabled
-
-        if not is_deepspeed_zero3_enabled():
-            return contextlib.nullcontext()
-        import deepspeed
-
-        return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
 
     # --- checkpoints --------------------------------------------------------------------------
 

@@ -52,6 +52,22 @@ def merged_state_dict(model: torch.nn.Module, device: str | torch.device | None 
     return state
 
 
+def gathered_weights(model: torch.nn.Module):
+    """A context manager in which every process holds ``model``'s full weights: under DeepSpeed
+    ZeRO-3 (each process keeps only a shard of every weight) it gathers them (a collective, so
+    every process enters it; one full copy of the model per process while it lasts). A no-op
+    otherwise."""
+    import contextlib
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if not is_deepspeed_zero3_enabled():
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+
+
 def export_weights(model: torch.nn.Module, directory: Path) -> Path:
     """Write ``model.safetensors`` into ``directory`` atomically (temp file + rename).
 
