@@ -116,6 +116,10 @@ MODEL_CONFIGS = {
     "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, rope_theta=1e5,
                          rms_norm_eps=1e-5, tie_word_embeddings=True),
+    # Qwen2-0.5B's layers and modules at a width where compute is small: the host side of its step (CPU)
+    "qwen2-narrow": dict(arch="qwen2", hidden_size=64, num_hidden_layers=24, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=128, vocab_size=4096, rope_theta=1e6,
+                         rms_norm_eps=1e-6, tie_word_embeddings=True),
     "tiny": dict(arch="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=49152, rope_theta=1e4, rms_norm_eps=1e-5,
                  tie_word_embeddings=True),
@@ -162,6 +166,8 @@ def parse_args(argv=None):
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
+    p.add_argument("--count-ops", action="store_true",
+                   help="count the tensor operations of one more step per side (a proxy for kernel launches)")
     p.add_argument("--no-grad-check", action="store_true", help="skip the gradient comparison (saves host memory)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the numbers here")
@@ -530,6 +536,7 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    ops = count_ops(step) if args.count_ops else None
 
     tokens = real_tokens(batch, everything)
     mean_t = statistics.mean(times)
@@ -540,6 +547,7 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
         "mem_before_side_bytes": base_mem, "check_loss_mb0": check_loss, "first_step_loss": losses[0],
         "losses": losses, **{f"check_{k}": v for k, v in formulas.items()}, "grad_check": grad_check,
         "gradient_checkpointing": bool(getattr(side.model, "is_gradient_checkpointing", False)),
+        "ops_per_step": ops,
     }
     side.close()
     del side, optimizer, params, full, check
@@ -547,6 +555,28 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result, grads
+
+
+def count_ops(step) -> dict:
+    """Run ``step()`` once more and count the tensor operations that reach the kernels (below
+    autograd, forward and backward: a TorchDispatchMode), by name. On a GPU each is about one
+    kernel launch, so on a host-bound step the total tracks the step time."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Counting(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.counts = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.counts[str(func.overloadpacket.__name__)] += 1
+            return func(*args, **(kwargs or {}))
+
+    with Counting() as mode:
+        step()
+    return {"total": sum(mode.counts.values()), **dict(mode.counts.most_common(25))}
 
 
 @torch.no_grad()
