@@ -166,6 +166,8 @@ def parse_args(argv=None):
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one more step per side (torch.profiler) and print where its time goes")
     p.add_argument("--count-ops", action="store_true",
                    help="count the tensor operations of one more step per side (a proxy for kernel launches)")
     p.add_argument("--no-grad-check", action="store_true", help="skip the gradient comparison (saves host memory)")
@@ -537,6 +539,8 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
             times.append(time.perf_counter() - start)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
     ops = count_ops(step) if args.count_ops else None
+    if args.profile:
+        profile_step(step, name, device)
 
     tokens = real_tokens(batch, everything)
     mean_t = statistics.mean(times)
@@ -555,6 +559,26 @@ def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=F
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return result, grads
+
+
+def profile_step(step, name: str, device) -> None:
+    """Run ``step()`` once more under torch.profiler and print where its time goes: the 25
+    operations with the most device (CUDA) time, or CPU time on the CPU, and the totals."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        step()
+        sync(device)
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    busy = sum(getattr(e, key, 0) for e in events) / 1e6
+    print(f"[{name}] profiled step: {wall:.3f} s wall (profiler on), {busy:.3f} s summed self "
+          f"{'device' if device.type == 'cuda' else 'CPU'} time, {sum(e.count for e in events)} events")
+    print(events.table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
 def count_ops(step) -> dict:

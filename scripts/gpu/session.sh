@@ -9,6 +9,7 @@
 #   graphs : the same, 10 steps, vLLM with CUDA graphs (no enforce_eager)
 #   scale  : issue 16, two vf-vllm servers (GPU 0 and GPU 1) feeding one vf-train, 3 steps (tests/test_gpu.py)
 #   sync   : the GPU tests of every weight-sync transport (ipc included) and of overlapped pushes
+#   profile: Llama-1.2B full at fixed length with liger (MFU), and a torch.profiler step per side of Qwen2-0.5B LoRA
 #   bench-liger: trainer_step.py at fixed length, vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
 #   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
 #            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
@@ -47,6 +48,12 @@ bench-liger)  # BENCH as in bench
     m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
     PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --json $OUT/liger-$m-$kind.json
   done
+  ;;
+profile)  # the fixed-length Llama-1.2B full step with liger (MFU), then one profiled Qwen2-0.5B LoRA step per side
+  [ -f /tmp/site3/.done ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site3 /tmp/chunks/.gpu/liger/*.whl && touch /tmp/site3/.done; }
+  PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-llama-1b-full 120 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --no-grad-check --json $OUT/liger-llama-1b-full.json
+  PYTHONPATH=$PYTHONPATH:/tmp/site3 run profile-qwen-lora 150 python3 benchmarks/trainer_step.py --mode fixed --model-config qwen2-0.5b --lora --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 3 --warmup 1 --no-grad-check --profile --json $OUT/profile-qwen2-0.5b-lora.json
+  grep -A30 "profiled step" $OUT/$PART.profile-qwen-lora.txt | cut -c1-200
   ;;
 sync1b)
   run sync1b 300 python3 benchmarks/weight_sync.py --random llama-1b --tokenizer /tmp/smol --json $OUT/sync.jsonl
