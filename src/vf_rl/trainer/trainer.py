@@ -160,13 +160,10 @@ class RLTrainer(Trainer):
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
-            if self._pushing is not None:
-                self._pushing.exception()  # let it finish before the transport closes
-                self._pushing = None
             if self.orchestrator is not None:
                 self.orchestrator.close()
             if self.weight_sync is not None:
-                self.weight_sync.close()
+                self.weight_sync.close()  # waits for a push still in flight
 
     def _open_weight_sync(self) -> str:
         """Main process: pick and open the weight-sync transport (again after a server restart:

@@ -24,13 +24,13 @@ Transports (``weight_sync`` in ``[trainer.args]``):
     ``nccl`` when the trainer and every vLLM worker are on different GPUs of this machine,
     ``ipc`` when they are all on the trainer's GPU, ``filesystem`` otherwise (CPU, a server on
     another host, a mix).
-
-``nccl`` and ``ipc`` can also overlap an update with the next training step
-(:meth:`push_async`): the weights are snapshotted into the transport's buffers on the
-trainer's stream, then sent from a background thread on a side stream while the trainer goes
-on; the next batch starts generating once the update is in.
     ``lora`` is never picked by itself: serving an unmerged adapter slows generation (figures
     for each transport in benchmarks/RESULTS.md).
+
+An update can overlap the next training step (:meth:`_Transport.push_async`): the weights are
+snapshotted on the trainer's stream, then sent from a background thread on a side stream while
+the trainer goes on; the next batch starts generating once the update is in. The trainer does
+this for ``nccl`` and ``ipc`` (``overlaps``), whose snapshot is a cheap copy on the GPU.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ class _Transport:
         last_push_s: seconds the last push took from snapshot to the servers' answer.
     """
 
-    overlaps = False  # push_async really runs in the background
+    overlaps = False  # worth overlapping with training: the snapshot is a quick copy on the GPU
     last_push_s = 0.0
+    _pusher: ThreadPoolExecutor | None = None  # the background thread of push_async
+    _side_stream = None  # its CUDA stream
 
     def push(self, model: torch.nn.Module) -> list[int]:
         """Send the model's current weights; returns the indices of the servers that got them."""
@@ -122,39 +124,33 @@ class _Transport:
 
         The snapshot's GPU work is queued on the caller's current stream, so kernels queued
         after this call (the next step's forward, backward and optimizer step) cannot change
-        what is sent. The send runs in a background thread on a side CUDA stream that waits
-        only for the snapshot. Transports that cannot overlap (``overlaps = False``) push
-        right away and return a finished future.
+        what is sent. The send runs in a background thread, on a side CUDA stream that waits
+        only for the snapshot.
 
         Returns:
             a ``concurrent.futures.Future`` of the indices of the servers that got the weights
             (its ``result()`` raises what ``push`` would have raised).
         """
-        if not self.overlaps:
-            future: Future = Future()
-            try:
-                future.set_result(self.push(model))
-            except Exception as exc:  # handed to whoever waits for the future, as a thread would
-                future.set_exception(exc)
-            return future
         start = time.perf_counter()
         snapshot = self._snapshot(model)
+        device = getattr(self, "device", None)
         ready = None
-        if self.device.type == "cuda":
+        if device is not None and device.type == "cuda":
             ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
+            ready.record(torch.cuda.current_stream(device))
+            self._side_stream = self._side_stream or torch.cuda.Stream(device)
 
         def send():
             try:
                 if ready is None:
                     return self._send(snapshot)
                 ready.synchronize()  # the snapshot is complete (later kernels are not waited for)
-                with torch.cuda.device(self.device), torch.cuda.stream(torch.cuda.Stream(self.device)):
+                with torch.cuda.device(device), torch.cuda.stream(self._side_stream):
                     return self._send(snapshot)
             finally:
                 self.last_push_s = time.perf_counter() - start
 
-        if getattr(self, "_pusher", None) is None:
+        if self._pusher is None:
             self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vf-rl-weight-push")
         return self._pusher.submit(send)
 
@@ -165,7 +161,8 @@ class _Transport:
         raise NotImplementedError
 
     def close(self) -> None:
-        if getattr(self, "_pusher", None) is not None:
+        """Wait for a push in flight, then let go of the background thread."""
+        if self._pusher is not None:
             self._pusher.shutdown(wait=True)
             self._pusher = None
 
