@@ -82,19 +82,27 @@ def server(model_dir, tmp_path_factory) -> Server:
                             "--tool-call-parser", "hermes")
 
 
-@pytest.fixture
-def restore_base_weights(server, model_dir, tmp_path):
-    """For runs that push trained weights to the shared server: put the base weights back."""
-    yield
+@pytest.fixture(scope="session")
+def base_weights(model_dir, tmp_path_factory) -> Path:
+    """The base model's weights exported once per session (one 540 MB file, not one per test)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from vf_rl.inference.client import InferenceClient
     from vf_rl.trainer.weights import export_weights
 
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    export_weights(base, tmp_path / "base-weights")
-    InferenceClient(port=server.port).update_weights(str(tmp_path / "base-weights"))
+    directory = tmp_path_factory.mktemp("base-weights")
+    export_weights(base, directory)
+    return directory
+
+
+@pytest.fixture
+def restore_base_weights(server, base_weights):
+    """For runs that push trained weights to the shared server: put the base weights back."""
+    yield
+    from vf_rl.inference.client import InferenceClient
+
+    InferenceClient(port=server.port).update_weights(str(base_weights))
 
 
 def assert_rollouts_well_formed(rollouts, max_turns: int | None = None, max_reward: float = 1.0) -> None:
