@@ -47,7 +47,7 @@ from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .callbacks import QuietProgress, RunCallback, append_jsonl, truncate_jsonl
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
-from .model import apply_liger, apply_lora, attention_implementation, load_model  # noqa: F401  (public here too)
+from .model import apply_liger, apply_lora, attention_implementation, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .reference import frozen_copy, reference_logprobs
@@ -342,32 +342,38 @@ class RLTrainer(Trainer):
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
         model.train()
-        for i, (mb, start) in enumerate(zip(on_device, starts)):
-            # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
-            # steps it) once per batch, after the last micro batch
-            last = i == len(on_device) - 1
-            self.accelerator.sync_gradients = last
-            with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
-                with self.compute_loss_context_manager():
-                    def policy(m, mb=mb, start=start):  # log-probs and entropy of this micro batch under m
-                        if a.padding_free:
-                            return micro_batch_logprobs(m, mb, a.temperature)
-                        return policy_logprobs(m, mb, start, a.temperature, self._logits_to_keep)
+        with lora_input_casts_off(model, self.accelerator.native_amp):  # exact, fewer copies (model.py)
+            for i, (mb, start) in enumerate(zip(on_device, starts)):
+                # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
+                # steps it) once per batch, after the last micro batch
+                last = i == len(on_device) - 1
+                self.accelerator.sync_gradients = last
+                with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
+                    with self.compute_loss_context_manager():
+                        def policy(m, mb=mb, start=start):  # log-probs and entropy of this micro batch under m
+                            if a.padding_free:
+                                return micro_batch_logprobs(m, mb, a.temperature)
+                            return policy_logprobs(m, mb, start, a.temperature, self._logits_to_keep)
 
-                    ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
-                                              lambda m: policy(m)[0]) if a.beta > 0 else None)
-                    logprobs, entropy = policy(model)
-                    out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
-                                                  mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
-                self.accelerator.backward(out.loss)
-            total_loss += out.loss.detach()
-            for k, v in out.stats.items():
-                v = v.detach().float()
-                sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
+                        ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
+                                                  lambda m: policy(m)[0]) if a.beta > 0 else None)
+                        logprobs, entropy = policy(model)
+                        out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
+                                                      mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
+                    self.accelerator.backward(out.loss)
+                total_loss += out.loss.detach()
+                for k, v in out.stats.items():
+                    v = v.detach().float()
+                    sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
         totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
         n = max(my_loss_tokens, 1)
         stats = {k: v if k.endswith("/max") else v / n for k, v in totals.items()}
         return total_loss, {**stats, "tokens/loss": float(my_loss_tokens), "tokens/trained": float(trained_tokens)}
+
+    def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
+        """accelerate's autocast (a no-op without mixed precision) around every loss
+        computation, so the model's forward is under autocast however it was wrapped."""
+        return self.accelerator.autocast()
 
     # --- evaluation ---------------------------------------------------------------------------
 
