@@ -170,6 +170,9 @@ def parse_args(argv=None):
                    help="profile one more step per side (torch.profiler) and print where its time goes")
     p.add_argument("--count-ops", action="store_true",
                    help="count the tensor operations of one more step per side (a proxy for kernel launches)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 weights and autocast on the CPU too, as on a GPU (for --count-ops; default on the "
+                        "CPU: float32)")
     p.add_argument("--no-grad-check", action="store_true", help="skip the gradient comparison (saves host memory)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the numbers here")
@@ -360,6 +363,8 @@ class VfSide:
             wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
         config = RLConfig(**{k: v for k, v in wanted.items() if k in known})
+        if a.bf16 and self.device.type == "cpu":  # the config refuses bf16 on the CPU: set it past the check
+            config.bf16, config.mixed_precision = True, "bf16"
         env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
         if a.vf_liger:  # what vf-rl's load_model does for a model it loads itself
             from vf_rl.trainer.model import apply_liger
@@ -399,7 +404,7 @@ class TrlSide:
             per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=n_micro,
             num_generations=group_size(args), max_completion_length=max_completion(args),
             learning_rate=args.lr, max_grad_norm=args.max_grad_norm, weight_decay=0.0, optim="adamw_torch",
-            bf16=device.type == "cuda", gradient_checkpointing=args.gradient_checkpointing,
+            bf16=device.type == "cuda" or args.bf16, gradient_checkpointing=args.gradient_checkpointing,
             epsilon_high=8.0,  # = vf-rl's mask_ratio_high (TRL's default epsilon_high would be 0.2)
             beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
             save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda")
@@ -662,7 +667,7 @@ def fmt_mem(b):
 def main(argv=None):
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if device.type == "cuda" or args.bf16 else torch.float32
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
     else:
