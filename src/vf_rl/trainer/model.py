@@ -74,7 +74,7 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
         autocast: whether every forward and backward inside runs under autocast (accelerate's
             ``native_amp``). Without autocast the cast is needed, and this is a no-op.
     """
-    if not autocast or importlib.util.find_spec("peft") is None:
+    if not autocast:
         return contextlib.nullcontext()
     from peft.helpers import disable_input_dtype_casting
 
