@@ -55,6 +55,12 @@ Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts); ``vf-rl-nosh
 (``share_prompts = false``); ``vf-rl-padded`` (``padding_free = false``: the padded path);
 ``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch x longest sequence: fewer, fuller passes).
 
+By default the sides run one after the other. ``--interleave`` builds them all first and alternates
+their timed steps (A B, B A, ...): on a shared machine whose host speed drifts (host-bound LoRA
+steps moved by 30% between two runs minutes apart on one H100), both sides see the same drift;
+the per-round ratios are printed with their median. ``--profile`` (torch.profiler: kernels) and
+``--pyprofile`` (cProfile: Python functions) show where one more step's time goes.
+
 Usage (from the repo root; TRL and datasets need not be in the venv, see benchmarks/README.md):
 
     python benchmarks/trainer_step.py --model-config qwen2-0.5b --batch 64 --micro-batch 8 \
@@ -168,6 +174,12 @@ def parse_args(argv=None):
                         "fp32 outputs on the model's forward)")
     p.add_argument("--profile", action="store_true",
                    help="profile one more step per side (torch.profiler) and print where its time goes")
+    p.add_argument("--pyprofile", action="store_true",
+                   help="run one more step per side under cProfile and print the Python functions with the most "
+                        "own time (where a host-bound step's CPU goes)")
+    p.add_argument("--interleave", action="store_true",
+                   help="build every side first, then alternate their timed steps (A B, B A, ...): a drifting "
+                        "host slows both alike; prints the per-round ratios")
     p.add_argument("--count-ops", action="store_true",
                    help="count the tensor operations of one more step per side (a proxy for kernel launches)")
     p.add_argument("--bf16", action="store_true",
@@ -477,93 +489,171 @@ def formula_values(model, batch: dict, device, rows: range) -> dict:
             "ratio_max": float(ratio.max()), "ratio_mean": float(ratio.mean())}
 
 
-def run_side(name, master, tokenizer, batch, args, device, out_dir, keep_grads=False, ref_grads=None):
-    """Build one side on a fresh copy of the weights, run the micro-batch-0 check, the warmup
-    and the timed steps. Returns (results, grads of the check as {name: cpu tensor} if
-    ``keep_grads``); with ``ref_grads`` (the other side's), results get ``grad_check``."""
-    base_mem = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    model = copy.deepcopy(master).to(device)
-    t0 = time.perf_counter()
-    if name == "trl":
-        side = TrlSide(model, tokenizer, args, device, out_dir)
-    else:
-        side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
-    del model
-    build_s = time.perf_counter() - t0
-    if args.gradient_checkpointing:
-        side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        side.model.config.use_cache = False
-    params = [p for p in side.model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                                  fused=device.type == "cuda")
-    if not args.no_prepare:
-        optimizer = side.prepare(optimizer)
-    trainable = sum(p.numel() for p in params)
+class Opened:
+    """One side, built, checked on micro batch 0 and ready to time: ``step()`` runs one optimizer
+    step (all micro batches, clip, ``optimizer.step()``, ``zero_grad``) and returns its summed loss."""
 
-    mb = args.micro_batch
-    n_micro = args.batch // mb
-    everything, first = range(args.batch), range(mb)
-    if name != "trl":
-        full, check = vf_samples(batch, everything), vf_samples(batch, first)
-    else:
-        n_items = completion_tokens(batch, everything)
-        full = [trl_inputs(batch, device, range(i * mb, (i + 1) * mb), n_items) for i in range(n_micro)]
-        check = [trl_inputs(batch, device, first, completion_tokens(batch, first))]
+    def __init__(self, name, master, tokenizer, batch, args, device, out_dir, keep_grads=False, ref_grads=None):
+        self.name, self.device, self.args = name, device, args
+        self.base_mem = allocated(device)
+        model = copy.deepcopy(master).to(device)
+        t0 = time.perf_counter()
+        if name == "trl":
+            side = TrlSide(model, tokenizer, args, device, out_dir)
+        else:
+            side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
+        del model
+        self.build_s = time.perf_counter() - t0
+        if args.gradient_checkpointing:
+            side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            side.model.config.use_cache = False
+        self.params = [p for p in side.model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(self.params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                                      fused=device.type == "cuda")
+        if not args.no_prepare:
+            optimizer = side.prepare(optimizer)
+        self.side, self.optimizer = side, optimizer
 
-    # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step.
-    check_loss = side.run_batch(check)
-    sync(device)
-    grads, grad_check = {}, None
-    if keep_grads:
-        grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
-    if ref_grads:
-        grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
-    formulas = formula_values(side.model, batch, device, first)
-    optimizer.zero_grad(set_to_none=True)
+        mb = args.micro_batch
+        n_micro = args.batch // mb
+        everything, first = range(args.batch), range(mb)
+        if name != "trl":
+            self.full, check = vf_samples(batch, everything), vf_samples(batch, first)
+        else:
+            n_items = completion_tokens(batch, everything)
+            self.full = [trl_inputs(batch, device, range(i * mb, (i + 1) * mb), n_items) for i in range(n_micro)]
+            check = [trl_inputs(batch, device, first, completion_tokens(batch, first))]
 
-    def step():
-        loss = side.run_batch(full)
-        if args.max_grad_norm:
-            if side.accelerator is not None:
-                side.accelerator.clip_grad_norm_(params, args.max_grad_norm)
-            else:
-                torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
-        optimizer.step()
+        # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step.
+        self.check_loss = side.run_batch(check)
+        sync(device)
+        self.grads, self.grad_check = {}, None
+        if keep_grads:
+            self.grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
+        if ref_grads:
+            self.grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
+        self.formulas = formula_values(side.model, batch, device, first)
         optimizer.zero_grad(set_to_none=True)
+        self.tokens = real_tokens(batch, everything)
+        self.losses, self.times = [], []
+        self.held = allocated(device) - self.base_mem  # bytes this side holds between steps (weights, AdamW state)
+        self.peak = None  # the most it held during any step, bytes
+
+    def step(self) -> float:
+        loss = self.side.run_batch(self.full)
+        if self.args.max_grad_norm:
+            if self.side.accelerator is not None:
+                self.side.accelerator.clip_grad_norm_(self.params, self.args.max_grad_norm)
+            else:
+                torch.nn.utils.clip_grad_norm_(self.params, self.args.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         return loss
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    losses, times = [], []
-    for i in range(args.warmup + args.steps):
-        sync(device)
+    def timed_step(self, timed: bool) -> None:
+        """One step, with its wall time (seconds, after a device sync) kept when ``timed``. Only
+        this side's step changes the allocated memory while it runs, so what it holds during the
+        step is what it held before plus the allocator's peak above the step's start."""
+        sync(self.device)
+        before = allocated(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        losses.append(step())
-        sync(device)
-        if i >= args.warmup:
-            times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    ops = count_ops(step) if args.count_ops else None
-    if args.profile:
-        profile_step(step, name, device)
+        self.losses.append(self.step())
+        sync(self.device)
+        elapsed = time.perf_counter() - start
+        if self.device.type == "cuda":
+            peak = self.held + torch.cuda.max_memory_allocated(self.device) - before
+            self.peak = peak if self.peak is None else max(self.peak, peak)
+            self.held += allocated(self.device) - before
+        if timed:
+            self.times.append(elapsed)
 
-    tokens = real_tokens(batch, everything)
-    mean_t = statistics.mean(times)
-    result = {
-        "side": name, "mode": side.mode, "build_s": build_s, "trainable_params": trainable,
-        "step_s": times, "step_s_mean": mean_t, "step_s_std": statistics.stdev(times) if len(times) > 1 else 0.0,
-        "tokens_per_step": tokens, "tokens_per_s": tokens / mean_t, "peak_mem_bytes": peak,
-        "mem_before_side_bytes": base_mem, "check_loss_mb0": check_loss, "first_step_loss": losses[0],
-        "losses": losses, **{f"check_{k}": v for k, v in formulas.items()}, "grad_check": grad_check,
-        "gradient_checkpointing": bool(getattr(side.model, "is_gradient_checkpointing", False)),
-        "ops_per_step": ops,
-    }
-    side.close()
-    del side, optimizer, params, full, check
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return result, grads
+    def warm_up(self) -> None:
+        for _ in range(self.args.warmup):
+            self.timed_step(timed=False)
+
+    def result(self, extra_resident: int = 0) -> dict:
+        """The side's numbers. Peak memory = the most this side held during a step (warmup
+        included) + ``extra_resident`` (memory left by earlier sides, counted as before)."""
+        args = self.args
+        ops = count_ops(self.step) if args.count_ops else None
+        if args.profile:
+            profile_step(self.step, self.name, self.device)
+        if args.pyprofile:
+            python_profile(self.step, self.name, self.device)
+        peak = None if self.peak is None else self.peak + extra_resident
+        mean_t = statistics.mean(self.times)
+        return {
+            "side": self.name, "mode": self.side.mode, "build_s": self.build_s,
+            "trainable_params": sum(p.numel() for p in self.params),
+            "step_s": self.times, "step_s_mean": mean_t,
+            "step_s_std": statistics.stdev(self.times) if len(self.times) > 1 else 0.0,
+            "tokens_per_step": self.tokens, "tokens_per_s": self.tokens / mean_t, "peak_mem_bytes": peak,
+            "mem_before_side_bytes": self.base_mem, "check_loss_mb0": self.check_loss,
+            "first_step_loss": self.losses[0], "losses": self.losses,
+            **{f"check_{k}": v for k, v in self.formulas.items()}, "grad_check": self.grad_check,
+            "gradient_checkpointing": bool(getattr(self.side.model, "is_gradient_checkpointing", False)),
+            "ops_per_step": ops,
+        }
+
+    def close(self) -> None:
+        self.side.close()
+        self.side = self.optimizer = self.params = self.full = None
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def allocated(device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, list | None]:
+    """Every side of ``args.sides``: built on a fresh copy of the weights, checked on micro batch
+    0 (the gradients of each later side compared with the first's), warmed up and timed.
+
+    Sequential (default): one side after the other, each closed before the next is built.
+    ``--interleave``: all sides built first, then the timed steps alternate between them, the
+    order reversed every round (A B, B A, ...), so that a host or GPU whose speed drifts (a
+    shared machine) slows both sides alike; each side's peak memory is then what it holds plus
+    its own steps' transient, without the other sides' memory.
+
+    Returns ``(results by side, per-round ratios t_trl / t_side by side or None)``.
+    """
+    check = not args.no_grad_check and len(args.sides) >= 2
+    opened, ref_grads, results = [], None, {}
+    for i, name in enumerate(args.sides):
+        print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps"
+              + (" (interleaved)" if args.interleave else "") + " ...", flush=True)
+        side = Opened(name, master, tokenizer, batch, args, device, out_dir,
+                      keep_grads=check and i == 0, ref_grads=ref_grads)
+        if i == 0:
+            ref_grads = side.grads or None  # every later side is compared with the first
+        side.grads = None
+        side.warm_up()
+        if args.interleave:
+            opened.append(side)
+            continue
+        for _ in range(args.steps):
+            side.timed_step(timed=True)
+        results[name] = side.result(extra_resident=side.base_mem)  # sequential: leftovers count (warned)
+        side.close()
+    del ref_grads
+    if not args.interleave:
+        return results, None
+    for r in range(args.steps):
+        for side in (opened if r % 2 == 0 else opened[::-1]):
+            side.timed_step(timed=True)
+    for side in opened:
+        results[side.name] = side.result()
+    rounds = None
+    if "trl" in results:
+        trl = next(s for s in opened if s.name == "trl")
+        rounds = {s.name: [t_trl / t for t_trl, t in zip(trl.times, s.times)] for s in opened if s.name != "trl"}
+    for side in opened:
+        side.close()
+    return results, rounds
 
 
 def profile_step(step, name: str, device) -> None:
@@ -584,6 +674,26 @@ def profile_step(step, name: str, device) -> None:
     print(f"[{name}] profiled step: {wall:.3f} s wall (profiler on), {busy:.3f} s summed self "
           f"{'device' if device.type == 'cuda' else 'CPU'} time, {sum(e.count for e in events)} events")
     print(events.table(sort_by=key, row_limit=25, max_name_column_width=60))
+
+
+def python_profile(step, name: str, device) -> None:
+    """Run ``step()`` once more under cProfile and print the 25 Python functions (and builtins
+    such as ``run_backward`` and the torch ops called from Python) with the most own time."""
+    import cProfile
+    import io
+    import pstats
+
+    sync(device)
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    step()
+    sync(device)
+    profiler.disable()
+    out = io.StringIO()
+    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(25)
+    print(f"[{name}] cProfile'd step: {time.perf_counter() - start:.3f} s wall (profiler on)")
+    print(out.getvalue().split("\n", 3)[-1].replace(str(Path(sys.prefix)), "<prefix>"))
 
 
 def count_ops(step) -> dict:
@@ -689,16 +799,9 @@ def main(argv=None):
     setup_s = time.perf_counter() - t0
     tokenizer = build_tokenizer()
 
-    results, ref_grads = {}, None
     check = not args.no_grad_check and len(args.sides) >= 2
     with tempfile.TemporaryDirectory(prefix="vf-rl-bench-") as tmp:
-        for i, name in enumerate(args.sides):
-            print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps ...", flush=True)
-            results[name], grads = run_side(name, master, tokenizer, batch, args, device, Path(tmp),
-                                            keep_grads=check and i == 0, ref_grads=ref_grads)
-            if i == 0:
-                ref_grads = grads or None  # every later side is compared with the first
-    del ref_grads
+        results, rounds = run_sides(master, tokenizer, batch, args, device, Path(tmp))
     grad_check = results[args.sides[-1]]["grad_check"] if check else None
 
     for r in results.values():
@@ -736,8 +839,10 @@ def main(argv=None):
     lines.append("")
     lines.append("MFU = 6 x params-in-matmuls x tokens/s / peak (attention score FLOPs not counted"
                  + ("; with LoRA the real FLOPs are ~2/3 of that" if args.lora else "") + "). "
-                 "Peak memory is torch.cuda.max_memory_allocated over the warmup and timed steps of that side "
-                 "(weights, grads, AdamW state, activations).")
+                 "Peak memory is the most that side held during its warmup and timed steps (weights, grads, AdamW "
+                 "state, activations; torch.cuda.max_memory_allocated above each step's start)"
+                 + (". Interleaved: steps alternate between the sides, order reversed every round; each side's "
+                    "peak leaves out the other sides' memory." if args.interleave else "."))
     lines += ["", "Loss check on micro batch 0, before any optimizer step (normalised by that micro batch's "
               "tokens):", ""]
     lines.append("- normalisation, vf-rl: sum over loss tokens of keep*(-r*A) / N, keep = mask & 0.125 <= r <= 8 "
@@ -770,6 +875,9 @@ def main(argv=None):
             lines.append(f"- warning: {fmt_mem(r['mem_before_side_bytes'])} GiB were still allocated before the "
                          f"{r['side']} side started (counted in its peak)")
     lines.append("")
+    for name, values in (rounds or {}).items():
+        lines.append(f"- interleaved rounds, {name}/trl tokens/s per round (t_trl / t_{name}): "
+                     + ", ".join(f"{v:.2f}" for v in values) + f"; median {statistics.median(values):.2f}")
     for name, value in ratios.items():
         mem = results[name]["peak_mem_bytes"], results["trl"]["peak_mem_bytes"]
         lines.append(f"ratio {name}/trl tokens/s: {value:.2f}"
@@ -781,7 +889,8 @@ def main(argv=None):
         record = {"date": now, "device": device_name, "peak_flops": peak_flops, "versions": v, "command": command,
                   "args": {k: (str(x) if isinstance(x, Path) else x) for k, x in vars(args).items()},
                   "n_params": n_params, "n_flop_params": n_flop, "results": results, "grad_check": grad_check,
-                  "ratio_vf_over_trl_tokens_per_s": ratio, "ratios_over_trl": ratios}
+                  "ratio_vf_over_trl_tokens_per_s": ratio, "ratios_over_trl": ratios,
+                  "interleaved": args.interleave, "round_ratios_over_trl": rounds}
         args.json.write_text(json.dumps(record, indent=2))
         print(f"wrote {args.json}")
 

@@ -11,6 +11,7 @@
 #   sync   : the GPU tests of every weight-sync transport (ipc included) and of overlapped pushes
 #   profile: Llama-1.2B full at fixed length with liger (MFU), and a torch.profiler step per side of Qwen2-0.5B LoRA
 #   bench-liger: trainer_step.py at fixed length, vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
+#            (STEPS=10 EXTRA="--interleave": more steps, the sides' steps alternated)
 #   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
 #            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
 #            for it and copies its outputs to $OUT
@@ -46,7 +47,7 @@ bench-liger)  # BENCH as in bench
   [ -f /tmp/site3/.done ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site3 /tmp/chunks/.gpu/liger/*.whl && touch /tmp/site3/.done; }
   for case in ${BENCH:-llama-1b:full qwen2-0.5b:full llama-1b:lora qwen2-0.5b:lora}; do
     m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
-    PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --json $OUT/liger-$m-$kind.json
+    PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps ${STEPS:-5} --warmup 2 ${EXTRA:-} --json $OUT/liger-$m-$kind.json
   done
   ;;
 profile)  # the fixed-length Llama-1.2B full step with liger (MFU), then one profiled Qwen2-0.5B LoRA step per side
