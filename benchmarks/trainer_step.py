@@ -870,7 +870,7 @@ def main(argv=None):
                      f"|g_{second}| = {gc_['norm_second']:.4g}"
                      + (f" (in one side only: {gc_['only_first']} / {gc_['only_second']})"
                         if gc_["only_first"] or gc_["only_second"] else ""))
-    for r in results.values():
+    for r in results.values() if not args.interleave else ():  # interleaved peaks leave the others out
         if r["mem_before_side_bytes"] > 64 * 2**20:
             lines.append(f"- warning: {fmt_mem(r['mem_before_side_bytes'])} GiB were still allocated before the "
                          f"{r['side']} side started (counted in its peak)")
