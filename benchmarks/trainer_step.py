@@ -609,7 +609,7 @@ def allocated(device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, list | None]:
+def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, dict | None]:
     """Every side of ``args.sides``: built on a fresh copy of the weights, checked on micro batch
     0 (the gradients of each later side compared with the first's), warmed up and timed.
 
@@ -619,7 +619,8 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, li
     shared machine) slows both sides alike; each side's peak memory is then what it holds plus
     its own steps' transient, without the other sides' memory.
 
-    Returns ``(results by side, per-round ratios t_trl / t_side by side or None)``.
+    Returns ``(results by side, {side: per-round ratios t_trl / t_side} or None without trl or
+    when sequential)``.
     """
     check = not args.no_grad_check and len(args.sides) >= 2
     opened, ref_grads, results = [], None, {}
