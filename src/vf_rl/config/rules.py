@@ -53,7 +53,8 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
     ``output_dir`` (``outputs/<run_name>``), ``max_tokens`` (``max_seq_len``), ``bf16`` (on with
     a GPU), ``eval_rollouts_per_example`` (``rollouts_per_example``), ``eval_on_start`` (on when
-    ``eval_strategy`` is not ``"no"``). Returns a new dict."""
+    ``eval_strategy`` is not ``"no"``), ``torch_compile`` (on for LoRA on a GPU without DeepSpeed,
+    or when a compile backend or mode is given). Returns a new dict."""
     a = dict(args)
     if a.get("output_dir") is None:
         a["output_dir"] = f"outputs/{a.get('run_name') or 'vf-rl'}"
@@ -66,6 +67,9 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     if a.get("eval_on_start") is None:
         strategy = a.get("eval_strategy") or "no"
         a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
+    if a.get("torch_compile") is None:  # auto: where compiled layers measured faster (benchmarks/RESULTS.md, i)
+        a["torch_compile"] = bool(has_gpu and a.get("use_lora", True) and not a.get("deepspeed")
+                                  or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
     return a
 
 
@@ -160,6 +164,9 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
                           f"one of: {', '.join(schedulers)}")
     if a["bf16"] and not has_gpu:
         raise ConfigError(f"{p}bf16 = true needs a GPU, but the trainer runs on the CPU (float32)")
+    if args.get("torch_compile") and a.get("deepspeed"):
+        raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
+                          "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
     kind = a["weight_sync"]
     if kind not in WEIGHT_SYNC_CHOICES:
         raise ConfigError(f"{p}weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {kind!r}")

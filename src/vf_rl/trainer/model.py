@@ -24,9 +24,10 @@ def attention_implementation(args: RLConfig) -> str:
 
 def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
     """Patch ``model`` with liger-kernel's fused kernels (RMSNorm, RoPE, SwiGLU) when
-    ``args.use_liger`` and training on a GPU. Warns (once) and returns False when
-    liger-kernel is not installed; returns whether the model was patched."""
-    if not args.use_liger or not torch.cuda.is_available() or args.use_cpu:
+    ``args.use_liger`` and training on a GPU, unless ``args.torch_compile`` (the compiled
+    layers fuse those ops themselves: :func:`compile_layers`). Warns (once) and returns False
+    when liger-kernel is not installed; returns whether the model was patched."""
+    if not args.use_liger or not torch.cuda.is_available() or args.use_cpu or args.torch_compile:
         return False
     if importlib.util.find_spec("liger_kernel") is None:
         warnings.warn("use_liger = true but liger-kernel is not installed: training without it "
@@ -79,3 +80,54 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
     from peft.helpers import disable_input_dtype_casting
 
     return disable_input_dtype_casting(model)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated transformer blocks: modules whose class transformers names in
+    ``_no_split_modules`` (the unit it never splits across devices) or that subclass its
+    ``GradientCheckpointingLayer``, outermost only (a block inside another is not listed).
+    Looks through peft and DDP wrappers."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    base = model
+    while hasattr(base, "module") and not hasattr(base, "config"):
+        base = base.module
+    if hasattr(base, "get_base_model"):
+        base = base.get_base_model()
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    found: dict[str, torch.nn.Module] = {}
+    for name, module in base.named_modules():
+        inside = any(name.startswith(f"{outer}.") for outer in found)
+        if not inside and (type(module).__name__ in names or isinstance(module, GradientCheckpointingLayer)):
+            found[name] = module
+    return list(found.values())
+
+
+def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> int:
+    """Regional ``torch.compile``: compile each decoder layer in place (``nn.Module.compile``).
+
+    One compiled graph serves every layer (same code, parameters as graph inputs), so the
+    first step compiles once per distinct input form (padded/packed, training/no-grad) and a
+    second time when shapes first change (dynamic shapes from then on). The layers' own
+    modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
+    see the eager model); the LM head and the log-prob kernels stay outside. The win is
+    host time: a compiled layer launches a handful of fused kernels instead of dozens of
+    small ops per LoRA linear (benchmarks/RESULTS.md, i).
+
+    A layer that fails to compile runs eagerly (dynamo's ``suppress_errors``, with its warning),
+    and a model with no repeated blocks is left as it is.
+
+    Returns:
+        the number of layers compiled.
+    """
+    layers = decoder_layers(model)
+    if layers:
+        import torch._dynamo
+
+        # every distinct input form of one layer class is a cache entry of the same code
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        # a layer that fails to compile (an op inductor cannot lower) runs eagerly, with dynamo's warning
+        torch._dynamo.config.suppress_errors = True
+    for layer in layers:
+        layer.compile(backend=backend, mode=mode)
+    return len(layers)

@@ -367,13 +367,20 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    layout = vf_rl_packing
+    return _layout_attention(query, key, value, vf_rl_packing, scaling, dropout if module.training else 0.0), None
+
+
+@torch.compiler.disable
+def _layout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                      scaling: float | None, dropout: float) -> torch.Tensor:
+    """The packed branch of :func:`packed_attention_forward`, always run eagerly: inside a
+    compiled decoder layer (``torch_compile``) the layout's host ints and segment list would
+    otherwise be guarded on, and every micro batch of a new shape would compile the layer again."""
     if layout.key_index is not None:
         key, value = key[:, :, layout.key_index], value[:, :, layout.key_index]
-    if (_VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16)
-            and not (module.training and dropout)):
-        return _varlen_attention(query, key, value, layout, scaling), None
-    return segment_attention(query, key, value, layout, scaling, dropout if module.training else 0.0), None
+    if _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout:
+        return _varlen_attention(query, key, value, layout, scaling)
+    return segment_attention(query, key, value, layout, scaling, dropout)
 
 
 def _packed_mask(attention_mask=None, **kwargs):

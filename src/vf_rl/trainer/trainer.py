@@ -47,7 +47,7 @@ from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .callbacks import QuietProgress, RunCallback, append_jsonl, truncate_jsonl
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
-from .model import apply_liger, apply_lora, attention_implementation, load_model, lora_input_casts_off  # noqa: F401
+from .model import apply_liger, apply_lora, attention_implementation, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .reference import frozen_copy, reference_logprobs
@@ -110,6 +110,14 @@ class RLTrainer(Trainer):
         self.env = env
         # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
         self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
+        if args.torch_compile:  # each decoder layer in place (model.py), not accelerate's whole-model compile
+            from accelerate.utils import DynamoBackend
+
+            self.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
+            compiled = compile_layers(self.model, args.torch_compile_backend or "inductor", args.torch_compile_mode)
+            if compiled and self.is_world_process_zero():
+                print(f"torch_compile: {compiled} decoder layers compile at their first forward (the first "
+                      "steps take longer)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model

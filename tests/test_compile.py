@@ -1,0 +1,116 @@
+"""torch_compile: each decoder layer compiled in place (inductor on the CPU here) trains like the
+eager model, on real SmolLM2 with a LoRA adapter, padded and packed micro batches."""
+
+import pytest
+import torch
+from test_packing import group_samples
+
+from vf_rl.trainer.loss import selective_logprobs
+
+
+def _trainer(model_dir, tmp_path, name, tokenizer, env, **keys):
+    from transformers import AutoModelForCausalLM
+
+    from vf_rl import RLConfig, RLTrainer
+
+    torch.manual_seed(0)  # the same LoRA A on every trainer (peft draws it when the adapter is added)
+    args = RLConfig(output_dir=str(tmp_path / name), use_cpu=True, batch_size=8, rollouts_per_example=4,
+                    micro_batch_size=4, max_seq_len=32, max_steps=1, report_to=[], use_lora=True, lora_rank=4,
+                    lora_alpha=8, **keys)
+    trainer = RLTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), env=env,
+                        args=args, processing_class=tokenizer, served_model_name="t")
+    with torch.no_grad():  # a non-zero LoRA B (same on both sides), so both adapter matrices get gradients
+        for param_name, p in trainer.model.named_parameters():
+            if "lora_B" in param_name:
+                p.normal_(0, 0.02, generator=torch.Generator().manual_seed(0))
+    return trainer
+
+
+def test_compiled_layers_train_like_the_eager_ones(model_dir, tmp_path):
+    """``torch_compile = true``: every decoder layer is compiled in place (parameter names and
+    the LoRA adapter unchanged); the loss, statistics and adapter gradients of a step equal the
+    eager model's to float32 tolerance, for padded and for packed micro batches (shared prompts,
+    whose attention runs outside the compiled graph); compiled code really ran (no silent fall
+    back to eager); a second step with the same shapes compiles nothing new, and once the
+    layers have seen two shapes, packed micro batches of new lengths and layouts compile nothing
+    new either (dynamic shapes; the layout's host ints stay out of the graph)."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoTokenizer
+
+    from vf_rl.envs import load_environment
+    from vf_rl.trainer.model import decoder_layers
+    from vf_rl.trainer.orchestrator import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    samples = group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=3)
+    plain = _trainer(model_dir, tmp_path, "eager", tokenizer, env, torch_compile=False)
+    with torch.no_grad():  # sampling log-probs near the model's own, so the ratios stay unmasked
+        for s in samples:
+            ids = torch.tensor([s.input_ids])
+            own, _ = selective_logprobs(plain.model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+            s.sampling_logprobs = [0.0] + (own[0] + 0.05 * torch.randn(len(own[0]))).tolist()
+    batch = Batch(step=0, samples=samples, rollouts=[], metrics={})
+
+    def step(trainer):
+        trainer.model.zero_grad()
+        loss, stats = trainer._train_on_batch(trainer.model, batch)
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        return float(loss), stats, grads
+
+    for keys in (dict(padding_free=False), dict(micro_batch_tokens=40)):  # padded rows; packed, shared prompts
+        eager = _trainer(model_dir, tmp_path, "eager", tokenizer, env, torch_compile=False, **keys)
+        compiled = _trainer(model_dir, tmp_path, "compiled", tokenizer, env, torch_compile=True, **keys)
+        layers = decoder_layers(compiled.model)
+        assert len(layers) == compiled.model.config.num_hidden_layers
+        assert all(layer._compiled_call_impl is not None for layer in layers)
+        assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager.model))
+        assert [n for n, _ in compiled.model.named_parameters()] == [n for n, _ in eager.model.named_parameters()]
+
+        loss_ref, stats_ref, grads_ref = step(eager)
+        counters.clear()
+        loss, stats, grads = step(compiled)
+        assert counters["aot_autograd"]["ok"] > 0 and counters["inductor"], dict(counters)  # compiled, not eager
+        graphs = counters["stats"]["unique_graphs"]
+        assert step(compiled)[0] == pytest.approx(loss, rel=1e-6)
+        assert counters["stats"]["unique_graphs"] == graphs, "the same shapes compiled again"
+
+        if "micro_batch_tokens" in keys:  # new lengths and layouts: dynamic shapes once, then nothing new
+            for seed, spec in enumerate(([(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])], [(6, [8, 1, 3, 2]), (4, [9, 7, 2, 5])],
+                                         [(12, [2, 2, 9, 3]), (3, [6, 5, 8, 4])])):
+                other = group_samples(spec, seed=seed)
+                for s in other:
+                    s.sampling_logprobs = [0.0] * len(s.input_ids)
+                if seed == 2:
+                    graphs = counters["stats"]["unique_graphs"]
+                compiled._train_on_batch(compiled.model, Batch(step=0, samples=other, rollouts=[], metrics={}))
+            assert counters["stats"]["unique_graphs"] == graphs, "a new layout compiled the layers again"
+        assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
+        for key in ("importance_ratio", "mismatch_kl", "entropy", "tokens/trained", "tokens/loss"):
+            assert stats[key] == pytest.approx(stats_ref[key], rel=1e-4, abs=1e-6), (keys, key)
+        assert grads.keys() == grads_ref.keys() and any("lora_A" in n for n in grads)
+        flat, flat_ref = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, grads_ref))
+        assert float((flat - flat_ref).norm() / flat_ref.norm()) < 1e-4, keys
+
+
+def test_torch_compile_default_is_lora_on_a_gpu():
+    """Unset, ``torch_compile`` is on for LoRA on a GPU without DeepSpeed (host-bound steps, where
+    the compiled layers measured faster) and off for full weights and on the CPU; a compile
+    backend or mode turns it on; explicit values are kept; with DeepSpeed it is refused."""
+    from vf_rl.config.fields import MISSING, rl_fields
+    from vf_rl.config.rules import ConfigError, check_trainer_args, derive_defaults
+
+    base = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
+    assert base["torch_compile"] is None
+
+    def resolved(has_gpu, **keys):
+        return derive_defaults({**base, **keys}, has_gpu)["torch_compile"]
+
+    assert resolved(True) is True  # use_lora defaults to true
+    assert resolved(True, use_lora=False) is False
+    assert resolved(False) is False
+    assert resolved(True, deepspeed="configs/deepspeed/zero3.json") is False
+    assert resolved(False, torch_compile_mode="max-autotune") is True
+    assert resolved(True, torch_compile=False) is False and resolved(False, torch_compile=True) is True
+    with pytest.raises(ConfigError, match="torch_compile = true is not supported with deepspeed"):
+        check_trainer_args({**base, "torch_compile": True, "deepspeed": "configs/deepspeed/zero3.json"}, 1, True)
