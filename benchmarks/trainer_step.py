@@ -51,9 +51,12 @@ GRADIENTS are equal whenever every ratio lies in [0.125, 8]. The script checks b
 batch 0 before any optimizer step: each side's reported loss against the formula recomputed
 from the same log-probs, and the cosine / relative difference of the two gradients.
 
-Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts); ``vf-rl-noshare``
-(``share_prompts = false``); ``vf-rl-padded`` (``padding_free = false``: the padded path);
-``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch x longest sequence: fewer, fuller passes).
+Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts, ``torch_compile`` unset, so
+compiled layers for LoRA on a GPU); ``vf-rl-noshare`` (``share_prompts = false``); ``vf-rl-padded``
+(``padding_free = false``: the padded path); ``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch
+x longest sequence: fewer, fuller passes); ``vf-rl-compile`` / ``vf-rl-eager`` (``torch_compile``
+true / false). With ``--vf-liger`` the eager vf-rl sides get liger-kernel; its RoPE patch is
+module-wide, so TRL and the compiled sides (which trace it, a graph break per layer) run it too.
 
 By default the sides run one after the other. ``--interleave`` builds them all first and alternates
 their timed steps (A B, B A, ...): on a shared machine whose host speed drifts (host-bound LoRA
@@ -134,7 +137,8 @@ MODEL_CONFIGS = {
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
-               "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"}}
+               "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
+               "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False}}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -168,7 +172,7 @@ def parse_args(argv=None):
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
     p.add_argument("--sides", default="vf-rl,trl",
-                   help="comma list, run in this order: vf-rl, vf-rl-noshare, vf-rl-padded, vf-rl-tokens, trl")
+                   help=f"comma list, run in this order: {', '.join(['trl', *VF_VARIANTS])}")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
@@ -381,12 +385,14 @@ class VfSide:
         if a.vf_liger:  # what vf-rl's load_model does for a model it loads itself
             from vf_rl.trainer.model import apply_liger
 
-            if not apply_liger(model, config):
+            if not apply_liger(model, config) and not config.torch_compile:  # compiled layers fuse those ops
                 raise SystemExit("--vf-liger: liger-kernel is not installed (or no GPU)")
         transformers.set_seed(a.seed)  # same LoRA initialisation as TRL (which seeds before get_peft_model)
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
+        if "torch_compile" not in self.overrides:  # the default: say what it resolved to
+            self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 
     def prepare(self, optimizer):
         self.model, optimizer = self.accelerator.prepare(self.model, optimizer)
@@ -469,6 +475,7 @@ def grads_by_name(model) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
+@torch.compiler.set_stance("force_eager")  # a check, not timed: no extra compile of the no-grad forward
 def formula_values(model, batch: dict, device, rows: range) -> dict:
     """Both losses recomputed from one no-grad forward per rollout (fp32 log-softmax) on ``rows``."""
     vf = trl = 0.0
@@ -632,10 +639,10 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
         if i == 0:
             ref_grads = side.grads or None  # every later side is compared with the first
         side.grads = None
-        side.warm_up()
-        if args.interleave:
-            opened.append(side)
+        if args.interleave:  # warmed up once all are built: a later side's global patch (liger's RoPE) then
+            opened.append(side)  # recompiles a compiled side during warmup, not in its first timed step
             continue
+        side.warm_up()
         for _ in range(args.steps):
             side.timed_step(timed=True)
         results[name] = side.result(extra_resident=side.base_mem)  # sequential: leftovers count (warned)
@@ -643,6 +650,8 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
     del ref_grads
     if not args.interleave:
         return results, None
+    for side in opened:
+        side.warm_up()
     for r in range(args.steps):
         for side in (opened if r % 2 == 0 else opened[::-1]):
             side.timed_step(timed=True)

@@ -12,6 +12,8 @@
 #   profile: Llama-1.2B full at fixed length with liger (MFU), and a torch.profiler step per side of Qwen2-0.5B LoRA
 #   bench-liger: trainer_step.py at fixed length, vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
 #            (STEPS=10 EXTRA="--interleave": more steps, the sides' steps alternated)
+#   bench-compile: trainer_step.py, vf-rl eager (liger) and vf-rl compiled (torch_compile) vs TRL, interleaved
+#            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
 #            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
 #            for it and copies its outputs to $OUT
@@ -55,6 +57,19 @@ profile)  # the fixed-length Llama-1.2B full step with liger (MFU), then one pro
   PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-llama-1b-full 120 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --no-grad-check --json $OUT/liger-llama-1b-full.json
   PYTHONPATH=$PYTHONPATH:/tmp/site3 run profile-qwen-lora 150 python3 benchmarks/trainer_step.py --mode fixed --model-config qwen2-0.5b --lora --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 3 --warmup 1 --no-grad-check --profile --json $OUT/profile-qwen2-0.5b-lora.json
   grep -A30 "profiled step" $OUT/$PART.profile-qwen-lora.txt | cut -c1-200
+  ;;
+bench-compile)  # vf-rl eager (liger) and compiled (torch_compile) vs TRL, interleaved; needs only the .whl carry
+  # BENCH as in bench; MODE=fixed|realistic; SIDES; STEPS; EXTRA
+  [ -f /tmp/site4/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site4 .whl/*.whl && touch /tmp/site4/.done; }
+  R="--prompt-min 64 --prompt-max 1024 --max-tokens 1024 --cap-share 0.25 --group 8"
+  F="--prompt-len 256 --completion-len 256"
+  for case in ${BENCH:-qwen2-0.5b:lora llama-1b:lora qwen2-0.5b:full llama-1b:full}; do
+    m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
+    [ ${MODE:-fixed} = realistic ] && shape=$R || shape=$F
+    PYTHONPATH=/tmp/site4:$REPO/src run ${MODE:-fixed}-$m-$kind ${LIMIT:-280} python3 benchmarks/trainer_step.py --mode ${MODE:-fixed} \
+      --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 $shape --steps ${STEPS:-10} --warmup 2 --interleave \
+      --sides ${SIDES:-vf-rl,vf-rl-compile,trl} ${EXTRA:-} --json $OUT/${MODE:-fixed}-$m-$kind.json
+  done
   ;;
 sync1b)
   run sync1b 300 python3 benchmarks/weight_sync.py --random llama-1b --tokenizer /tmp/smol --json $OUT/sync.jsonl
