@@ -277,4 +277,6 @@ def test_training_step_ignores_padding_micro_batches(model_dir, tmp_path):
     assert loss_a == pytest.approx(loss_b, rel=1e-4) and loss_a != 0.0
     assert stats_a["tokens/loss"] == stats_b["tokens/loss"] == 9
     assert stats_a["logprob_diff/max"] == pytest.approx(stats_b["logprob_diff/max"], rel=1e-4) and stats_a["logprob_diff/max"] > 0
-    assert torch.allclose(grad_a, grad_b, rtol=1e-4, atol=1e-6) and grad_a.abs().sum() > 0
+    # relative L2 (as test_packing's packed-vs-padded check): element-wise, 20 of 4.9M entries differ by up to
+    # 9e-7 beyond rtol 1e-4 with torch 2.13 / transformers 5.19, where sums cancel; the whole differs by 2.8e-5
+    assert grad_a.abs().sum() > 0 and float((grad_a - grad_b).norm() / grad_a.norm()) < 1e-4
