@@ -52,11 +52,12 @@ batch 0 before any optimizer step: each side's reported loss against the formula
 from the same log-probs, and the cosine / relative difference of the two gradients.
 
 Sides: ``trl``; ``vf-rl`` (defaults: padding-free, shared prompts, ``torch_compile`` unset, so
-compiled layers for LoRA on a GPU); ``vf-rl-noshare`` (``share_prompts = false``); ``vf-rl-padded``
+compiled layers on a GPU); ``vf-rl-noshare`` (``share_prompts = false``); ``vf-rl-padded``
 (``padding_free = false``: the padded path); ``vf-rl-tokens`` (``micro_batch_tokens`` = micro batch
 x longest sequence: fewer, fuller passes); ``vf-rl-compile`` / ``vf-rl-eager`` (``torch_compile``
-true / false). With ``--vf-liger`` the eager vf-rl sides get liger-kernel; its RoPE patch is
-module-wide, so TRL and the compiled sides (which trace it, a graph break per layer) run it too.
+true / false). ``--vf-liger`` gives the eager vf-rl sides liger-kernel; its RoPE patch is
+module-wide, so TRL runs it too, and a compiled side would trace it (a graph break per layer,
+which made compiled sides look slow): the script refuses ``--vf-liger`` with a compiled side.
 
 By default the sides run one after the other. ``--interleave`` builds them all first and alternates
 their timed steps (A B, B A, ...): on a shared machine whose host speed drifts (host-bound LoRA
@@ -165,8 +166,8 @@ def parse_args(argv=None):
     p.add_argument("--lora-alpha", type=float, default=16)
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
     p.add_argument("--vf-liger", action="store_true",
-                   help="vf-rl side: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger = true, as vf-rl does when "
-                        "liger-kernel is installed); liger's RoPE patch is module-wide, so TRL gets it too")
+                   help="eager vf-rl sides: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger with torch_compile = false); "
+                        "liger's RoPE patch is module-wide, so TRL gets it too; refused with a compiled vf-rl side")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
@@ -385,7 +386,11 @@ class VfSide:
         if a.vf_liger:  # what vf-rl's load_model does for a model it loads itself
             from vf_rl.trainer.model import apply_liger
 
-            if not apply_liger(model, config) and not config.torch_compile:  # compiled layers fuse those ops
+            if config.torch_compile:  # liger's RoPE patch is module-wide: a compiled side would trace it
+                raise SystemExit(f"--vf-liger with the compiled side {self.name}: liger patches modules for every side "
+                                 "(a graph break per compiled layer); compare compiled sides without --vf-liger, and "
+                                 "liger with --sides vf-rl-eager,trl")
+            if not apply_liger(model, config):
                 raise SystemExit("--vf-liger: liger-kernel is not installed (or no GPU)")
         transformers.set_seed(a.seed)  # same LoRA initialisation as TRL (which seeds before get_peft_model)
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,

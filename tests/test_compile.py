@@ -93,10 +93,10 @@ def test_compiled_layers_train_like_the_eager_ones(model_dir, tmp_path):
         assert float((flat - flat_ref).norm() / flat_ref.norm()) < 1e-4, keys
 
 
-def test_torch_compile_default_is_lora_on_a_gpu():
-    """Unset, ``torch_compile`` is on for LoRA on a GPU without DeepSpeed (host-bound steps, where
-    the compiled layers measured faster) and off for full weights and on the CPU; a compile
-    backend or mode turns it on; explicit values are kept; with DeepSpeed it is refused."""
+def test_torch_compile_default_is_on_with_a_gpu():
+    """Unset, ``torch_compile`` is on with a GPU unless DeepSpeed is used (LoRA and full weights:
+    host-bound steps, where the compiled layers measured faster) and off on the CPU; a compile
+    backend or mode turns it on; explicit values are kept; ``true`` with DeepSpeed is refused."""
     from vf_rl.config.fields import MISSING, rl_fields
     from vf_rl.config.rules import ConfigError, check_trainer_args, derive_defaults
 
@@ -106,8 +106,7 @@ def test_torch_compile_default_is_lora_on_a_gpu():
     def resolved(has_gpu, **keys):
         return derive_defaults({**base, **keys}, has_gpu)["torch_compile"]
 
-    assert resolved(True) is True  # use_lora defaults to true
-    assert resolved(True, use_lora=False) is False
+    assert resolved(True) is True and resolved(True, use_lora=False) is True
     assert resolved(False) is False
     assert resolved(True, deepspeed="configs/deepspeed/zero3.json") is False
     assert resolved(False, torch_compile_mode="max-autotune") is True

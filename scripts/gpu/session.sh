@@ -10,9 +10,9 @@
 #   scale  : issue 16, two vf-vllm servers (GPU 0 and GPU 1) feeding one vf-train, 3 steps (tests/test_gpu.py)
 #   sync   : the GPU tests of every weight-sync transport (ipc included) and of overlapped pushes
 #   profile: Llama-1.2B full at fixed length with liger (MFU), and a torch.profiler step per side of Qwen2-0.5B LoRA
-#   bench-liger: trainer_step.py at fixed length, vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
+#   bench-liger: trainer_step.py at fixed length, eager vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
 #            (STEPS=10 EXTRA="--interleave": more steps, the sides' steps alternated)
-#   bench-compile: trainer_step.py, vf-rl eager (liger) and vf-rl compiled (torch_compile) vs TRL, interleaved
+#   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
 #            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
@@ -49,17 +49,17 @@ bench-liger)  # BENCH as in bench
   [ -f /tmp/site3/.done ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site3 /tmp/chunks/.gpu/liger/*.whl && touch /tmp/site3/.done; }
   for case in ${BENCH:-llama-1b:full qwen2-0.5b:full llama-1b:lora qwen2-0.5b:lora}; do
     m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
-    PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps ${STEPS:-5} --warmup 2 ${EXTRA:-} --json $OUT/liger-$m-$kind.json
+    PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-$m-$kind 150 python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --vf-liger --sides vf-rl-eager,trl --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps ${STEPS:-5} --warmup 2 ${EXTRA:-} --json $OUT/liger-$m-$kind.json
   done
   ;;
 profile)  # the fixed-length Llama-1.2B full step with liger (MFU), then one profiled Qwen2-0.5B LoRA step per side
   [ -f /tmp/site3/.done ] || { python3 -m pip install -q --no-index --no-deps --target /tmp/site3 /tmp/chunks/.gpu/liger/*.whl && touch /tmp/site3/.done; }
-  PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-llama-1b-full 120 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --no-grad-check --json $OUT/liger-llama-1b-full.json
-  PYTHONPATH=$PYTHONPATH:/tmp/site3 run profile-qwen-lora 150 python3 benchmarks/trainer_step.py --mode fixed --model-config qwen2-0.5b --lora --vf-liger --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 3 --warmup 1 --no-grad-check --profile --json $OUT/profile-qwen2-0.5b-lora.json
+  PYTHONPATH=$PYTHONPATH:/tmp/site3 run liger-llama-1b-full 120 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --vf-liger --sides vf-rl-eager,trl --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 5 --warmup 2 --no-grad-check --json $OUT/liger-llama-1b-full.json
+  PYTHONPATH=$PYTHONPATH:/tmp/site3 run profile-qwen-lora 150 python3 benchmarks/trainer_step.py --mode fixed --model-config qwen2-0.5b --lora --vf-liger --sides vf-rl-eager,trl --batch 64 --micro-batch 8 --prompt-len 256 --completion-len 256 --steps 3 --warmup 1 --no-grad-check --profile --json $OUT/profile-qwen2-0.5b-lora.json
   grep -A30 "profiled step" $OUT/$PART.profile-qwen-lora.txt | cut -c1-200
   ;;
-bench-compile)  # vf-rl eager (liger) and compiled (torch_compile) vs TRL, interleaved; needs only the .whl carry
-  # BENCH as in bench; MODE=fixed|realistic; SIDES; STEPS; EXTRA
+bench-compile)  # vf-rl (defaults: compiled on a GPU) vs TRL, interleaved, no liger anywhere; needs only the .whl carry
+  # BENCH as in bench; MODE=fixed|realistic; SIDES (default vf-rl,vf-rl-eager,trl); STEPS; EXTRA
   [ -f /tmp/site4/.done ] || { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site4 .whl/*.whl && touch /tmp/site4/.done; }
   R="--prompt-min 64 --prompt-max 1024 --max-tokens 1024 --cap-share 0.25 --group 8"
   F="--prompt-len 256 --completion-len 256"
@@ -67,8 +67,8 @@ bench-compile)  # vf-rl eager (liger) and compiled (torch_compile) vs TRL, inter
     m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
     [ ${MODE:-fixed} = realistic ] && shape=$R || shape=$F
     PYTHONPATH=/tmp/site4:$REPO/src run ${MODE:-fixed}-$m-$kind ${LIMIT:-280} python3 benchmarks/trainer_step.py --mode ${MODE:-fixed} \
-      --model-config $m $flag --vf-liger --batch 64 --micro-batch 8 $shape --steps ${STEPS:-10} --warmup 2 --interleave \
-      --sides ${SIDES:-vf-rl,vf-rl-compile,trl} ${EXTRA:-} --json $OUT/${MODE:-fixed}-$m-$kind.json
+      --model-config $m $flag --batch 64 --micro-batch 8 $shape --steps ${STEPS:-10} --warmup 2 --interleave \
+      --sides ${SIDES:-vf-rl,vf-rl-eager,trl} ${EXTRA:-} --json $OUT/${MODE:-fixed}-$m-$kind.json
   done
   ;;
 sync1b)

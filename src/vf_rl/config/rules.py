@@ -53,7 +53,7 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
     ``output_dir`` (``outputs/<run_name>``), ``max_tokens`` (``max_seq_len``), ``bf16`` (on with
     a GPU), ``eval_rollouts_per_example`` (``rollouts_per_example``), ``eval_on_start`` (on when
-    ``eval_strategy`` is not ``"no"``), ``torch_compile`` (on for LoRA on a GPU without DeepSpeed,
+    ``eval_strategy`` is not ``"no"``), ``torch_compile`` (on with a GPU unless DeepSpeed is used,
     or when a compile backend or mode is given). Returns a new dict."""
     a = dict(args)
     if a.get("output_dir") is None:
@@ -67,8 +67,8 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     if a.get("eval_on_start") is None:
         strategy = a.get("eval_strategy") or "no"
         a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
-    if a.get("torch_compile") is None:  # auto: where compiled layers measured faster (benchmarks/RESULTS.md, i)
-        a["torch_compile"] = bool(has_gpu and a.get("use_lora", True) and not a.get("deepspeed")
+    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md, i)
+        a["torch_compile"] = bool(has_gpu and not a.get("deepspeed")
                                   or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
     return a
 

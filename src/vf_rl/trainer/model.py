@@ -25,8 +25,9 @@ def attention_implementation(args: RLConfig) -> str:
 def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
     """Patch ``model`` with liger-kernel's fused kernels (RMSNorm, RoPE, SwiGLU) when
     ``args.use_liger`` and training on a GPU, unless ``args.torch_compile`` (the compiled
-    layers fuse those ops themselves: :func:`compile_layers`). Warns (once) and returns False
-    when liger-kernel is not installed; returns whether the model was patched."""
+    layers fuse those ops themselves, :func:`compile_layers`; so by default liger applies only
+    with ``torch_compile = false``). Warns (once) and returns False when liger-kernel is not
+    installed; returns whether the model was patched."""
     if not args.use_liger or not torch.cuda.is_available() or args.use_cpu or args.torch_compile:
         return False
     if importlib.util.find_spec("liger_kernel") is None:
