@@ -83,18 +83,22 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
     return disable_input_dtype_casting(model)
 
 
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside DDP/accelerate wrappers (``.module``) and a peft model."""
+    inner = model
+    while hasattr(inner, "module") and not hasattr(inner, "config"):
+        inner = inner.module
+    return inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+
+
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The model's repeated transformer blocks: modules whose class transformers names in
     ``_no_split_modules`` (the unit it never splits across devices) or that subclass its
     ``GradientCheckpointingLayer``, outermost only (a block inside another is not listed).
-    Looks through peft and DDP wrappers."""
+    Looks through peft and DDP wrappers (:func:`base_model`)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    base = model
-    while hasattr(base, "module") and not hasattr(base, "config"):
-        base = base.module
-    if hasattr(base, "get_base_model"):
-        base = base.get_base_model()
+    base = base_model(model)
     names = set(getattr(base, "_no_split_modules", None) or ())
     found: dict[str, torch.nn.Module] = {}
     for name, module in base.named_modules():

@@ -623,12 +623,9 @@ class _Identity(torch.nn.Module):
 def _lm_head(model):
     """``(the module holding lm_head, the attribute name)`` when the LM head is a plain
     bias-free ``nn.Linear`` with no logit scaling/softcapping, else None (plain path)."""
-    inner = model
-    for _ in range(4):  # DDP/accelerate wrapper -> peft model -> base model
-        if hasattr(inner, "module") and not hasattr(inner, "lm_head"):
-            inner = inner.module
-        if hasattr(inner, "get_base_model"):
-            inner = inner.get_base_model()
+    from .model import base_model
+
+    inner = base_model(model)
     head = getattr(inner, "lm_head", None)
     config = getattr(inner, "config", None)
     if (type(head) is not torch.nn.Linear or head.bias is not None

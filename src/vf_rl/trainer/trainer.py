@@ -47,7 +47,7 @@ from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .callbacks import QuietProgress, RunCallback, append_jsonl, truncate_jsonl
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
-from .model import apply_liger, apply_lora, attention_implementation, compile_layers, load_model, lora_input_casts_off  # noqa: F401
+from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
 from .reference import frozen_copy, reference_logprobs
@@ -120,7 +120,7 @@ class RLTrainer(Trainer):
                       "steps take longer)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        base = base_model(model)
         # the LM head runs only on completion positions (models without the argument: all positions)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.remove_callback(ProgressCallback)
