@@ -3,6 +3,7 @@
 
     python benchmarks/cpu_ab.py configs/vf-rl/reverse-text-cpu.toml --steps 12 \\
         --a padding_free=false --b padding_free=true
+    python benchmarks/cpu_ab.py configs/vf-rl/reverse-text-cpu.toml --steps 7 --a-rev a0ce75f   # old code vs this tree
 
 Each variant gets ``[trainer.args]`` of the config plus its ``KEY=VALUE`` overrides (TOML values:
 ``false``, ``8``, ``"x"``), a fresh ``vf-vllm`` (base weights, the same port) and ``vf-train`` for
@@ -11,6 +12,10 @@ so slow drift of the machine hits both. Prints per variant: mean and median trai
 (``timing/train_s``: forward, backward and optimizer of one step, seconds), mean step time, the
 reward of the first and last 3 steps, and the ratio b/a of the mean training time. ``--json`` writes
 every step's record. Steps before ``--warmup`` are left out of the times.
+
+``--a-rev REV`` / ``--b-rev REV`` run that variant's ``vf-vllm`` and ``vf-train`` with the ``vf_rl`` package
+of a git revision of this repository (``git archive REV src``, put first on ``PYTHONPATH``): the old code
+against the new in one run, on one machine, with the same installed dependencies.
 """
 
 from __future__ import annotations
@@ -40,8 +45,28 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int) -> list[dict]:
-    """Start vf-vllm, run vf-train for ``steps`` steps into ``out``; the step records of metrics.jsonl."""
+def checkout_src(rev: str, dest: Path) -> Path:
+    """Extract ``src/`` of git revision ``rev`` of this repository into ``dest``; returns ``dest / "src"``.
+
+    Raises SystemExit with one line when ``rev`` is not a revision of the repository."""
+    repo = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "src"], capture_output=True)
+    if archive.returncode != 0:
+        raise SystemExit(f"cpu_ab: --a-rev/--b-rev {rev!r}: not a git revision of {repo}: "
+                         f"{archive.stderr.decode().strip()}")
+    dest.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "src"
+
+
+def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int,
+                src: Path | None = None) -> list[dict]:
+    """Start vf-vllm, run vf-train for ``steps`` steps into ``out``; the step records of metrics.jsonl.
+
+    ``src``: a directory holding a ``vf_rl`` package to run instead of the installed one."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     data = json.loads(json.dumps(config))
     data["trainer"]["args"] |= {**overrides, "output_dir": str(out), "max_steps": steps, "save_steps": 10 ** 6,
                                 "vllm_server_port": port}
@@ -50,7 +75,7 @@ def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int)
     path.write_text(tomli_w.dumps(data))
     log = (out / "server.log").open("w")
     server = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.vllm_server", "@", str(path)], stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)
+                              stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -62,7 +87,7 @@ def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int)
                     raise RuntimeError(f"vf-vllm did not start: {(out / 'server.log').read_text()[-2000:]}")
                 time.sleep(2)
         train = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(path)], capture_output=True,
-                               text=True)
+                               text=True, env=env)
         if train.returncode != 0:
             raise RuntimeError(f"vf-train failed ({train.returncode}): {train.stdout[-2000:]}{train.stderr[-2000:]}")
     finally:
@@ -77,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", type=Path)
     p.add_argument("--a", nargs="*", default=[], help="KEY=VALUE overrides of [trainer.args] for variant a")
     p.add_argument("--b", nargs="*", default=[], help="KEY=VALUE overrides of [trainer.args] for variant b")
+    p.add_argument("--a-rev", default=None, help="git revision whose vf_rl runs variant a (default: this tree)")
+    p.add_argument("--b-rev", default=None, help="git revision whose vf_rl runs variant b (default: this tree)")
     p.add_argument("--steps", type=int, default=10, help="steps per run")
     p.add_argument("--rounds", type=int, default=1, help="runs per variant, alternating")
     p.add_argument("--warmup", type=int, default=1, help="steps of each run left out of the times")
@@ -88,30 +115,34 @@ def main(argv: list[str] | None = None) -> int:
     config["model"] = str(Path(config["model"]).expanduser())
     out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-ab-"))
     variants = {"a": parse_overrides(opts.a), "b": parse_overrides(opts.b)}
+    revs = {"a": opts.a_rev, "b": opts.b_rev}
+    srcs = {name: checkout_src(rev, out / f"rev-{name}") if rev else None for name, rev in revs.items()}
     runs: dict[str, list[list[dict]]] = {"a": [], "b": []}
     for r in range(opts.rounds):
         for name, overrides in variants.items():
-            print(f"cpu_ab: round {r + 1}, variant {name} {overrides or '(config as is)'}", flush=True)
-            runs[name].append(run_variant(config, overrides, out / f"{name}{r}", opts.steps, opts.port))
+            print(f"cpu_ab: round {r + 1}, variant {name} {overrides or '(config as is)'}"
+                  f"{f' at {revs[name]}' if revs[name] else ''}", flush=True)
+            runs[name].append(run_variant(config, overrides, out / f"{name}{r}", opts.steps, opts.port, srcs[name]))
     rows = {}
     for name, per_run in runs.items():
         timed = [s for steps in per_run for s in steps[opts.warmup:]]
         train = [s["timing/train_s"] for s in timed]
         elapsed = [b["timing/elapsed_s"] - a["timing/elapsed_s"] for steps in per_run
-                   for a, b in zip(steps[opts.warmup:], steps[opts.warmup + 1:])]
+                   for a, b in zip(steps[opts.warmup:], steps[opts.warmup + 1:])
+                   if "timing/elapsed_s" in a and "timing/elapsed_s" in b]  # older revisions lack it
         rewards = [s["reward"] for s in per_run[0]]
-        rows[name] = {"overrides": variants[name], "train_s_mean": statistics.fmean(train),
+        rows[name] = {"overrides": variants[name], "rev": revs[name], "train_s_mean": statistics.fmean(train),
                       "train_s_median": statistics.median(train),
                       "step_s_mean": statistics.fmean(elapsed) if elapsed else None,
                       "reward_first3": statistics.fmean(rewards[:3]), "reward_last3": statistics.fmean(rewards[-3:]),
                       "steps_timed": len(train)}
     print(f"\n{opts.config}, {opts.steps} steps x {opts.rounds} round(s) per variant, first {opts.warmup} of each "
           "run left out of the times")
-    print("| variant | overrides | train s/step (mean) | median | step s (mean) | reward first 3 | last 3 |")
-    print("|---|---|---|---|---|---|---|")
+    print("| variant | code | overrides | train s/step (mean) | median | step s (mean) | reward first 3 | last 3 |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         step = f"{row['step_s_mean']:.2f}" if row["step_s_mean"] else "-"
-        print(f"| {name} | {row['overrides'] or '-'} | {row['train_s_mean']:.2f} | {row['train_s_median']:.2f} | "
+        print(f"| {name} | {row['rev'] or 'this tree'} | {row['overrides'] or '-'} | {row['train_s_mean']:.2f} | {row['train_s_median']:.2f} | "
               f"{step} | {row['reward_first3']:.3f} | {row['reward_last3']:.3f} |")
     print(f"ratio b/a training time per step: {rows['b']['train_s_mean'] / rows['a']['train_s_mean']:.2f}")
     if opts.json:
