@@ -6,9 +6,10 @@
     python benchmarks/cpu_ab.py configs/vf-rl/reverse-text-cpu.toml --steps 7 --a-rev a0ce75f   # old code vs this tree
 
 Each variant gets ``[trainer.args]`` of the config plus its ``KEY=VALUE`` overrides (TOML values:
-``false``, ``8``, ``"x"``), a fresh ``vf-vllm`` (base weights, the same port) and ``vf-train`` for
-``--steps`` steps; the variants run one after the other, ``--rounds`` times alternating (a, b, a, b, ...)
-so slow drift of the machine hits both. Prints per variant: mean and median training time per step
+``false``, ``8``, ``"x"``) and runs ``--steps`` steps through the launcher, as the demo does (``vf-rl @
+config --wait``: a fresh ``vf-vllm`` with the base weights and ``vf-train`` in tmux); the variants run
+one after the other, ``--rounds`` times alternating (a, b, a, b, ...) so slow drift of the machine hits
+both. Prints per variant: mean and median training time per step
 (``timing/train_s``: forward, backward and optimizer of one step, seconds), mean step time, the
 reward of the first and last 3 steps, and the ratio b/a of the mean training time. ``--json`` writes
 every step's record. Steps before ``--warmup`` are left out of the times.
@@ -23,13 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 import tomli_w
@@ -61,9 +59,14 @@ def checkout_src(rev: str, dest: Path) -> Path:
 
 def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int,
                 src: Path | None = None) -> list[dict]:
-    """Start vf-vllm, run vf-train for ``steps`` steps into ``out``; the step records of metrics.jsonl.
+    """Run ``steps`` steps of the config into ``out`` as the demo runs: ``vf-rl @ config --wait`` (a tmux
+    session with vf-vllm and vf-train, the launcher's pane environments, such as the CPU core split);
+    returns the step records of metrics.jsonl.
 
-    ``src``: a directory holding a ``vf_rl`` package to run instead of the installed one."""
+    ``src``: a directory holding a ``vf_rl`` package to run instead of the installed one (launcher, server
+    and trainer all come from it: ``PYTHONPATH`` is forwarded to the panes).
+
+    Raises RuntimeError with the end of the trainer's log when the run fails."""
     env = dict(os.environ)
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
@@ -73,26 +76,13 @@ def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int,
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.toml"
     path.write_text(tomli_w.dumps(data))
-    log = (out / "server.log").open("w")
-    server = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.vllm_server", "@", str(path)], stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True, env=env)
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"vf-vllm did not start: {(out / 'server.log').read_text()[-2000:]}")
-                time.sleep(2)
-        train = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(path)], capture_output=True,
-                               text=True, env=env)
-        if train.returncode != 0:
-            raise RuntimeError(f"vf-train failed ({train.returncode}): {train.stdout[-2000:]}{train.stderr[-2000:]}")
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=120)
+    run = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "--wait", "-s", f"vf-rl-ab-{port}"],
+                         capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
+    if run.returncode != 0:
+        log = out / "logs" / "trainer.log"
+        tail = log.read_text()[-2000:] if log.is_file() else ""
+        raise RuntimeError(f"the run in {out} failed ({run.returncode}): {run.stdout[-1000:]}{run.stderr[-1000:]}"
+                           f"{tail}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return [r for r in records if "reward" in r and "timing/train_s" in r]
 
@@ -107,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=10, help="steps per run")
     p.add_argument("--rounds", type=int, default=1, help="runs per variant, alternating")
     p.add_argument("--warmup", type=int, default=1, help="steps of each run left out of the times")
-    p.add_argument("--port", type=int, default=8766)
+    p.add_argument("--port", type=int, default=8766, help="the first run's server port; each next run takes the next")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     opts = p.parse_args(argv)
@@ -122,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, overrides in variants.items():
             print(f"cpu_ab: round {r + 1}, variant {name} {overrides or '(config as is)'}"
                   f"{f' at {revs[name]}' if revs[name] else ''}", flush=True)
-            runs[name].append(run_variant(config, overrides, out / f"{name}{r}", opts.steps, opts.port, srcs[name]))
+            port = opts.port + len(runs["a"]) + len(runs["b"])  # a stopping server may hold the last one a while
+            runs[name].append(run_variant(config, overrides, out / f"{name}{r}", opts.steps, port, srcs[name]))
     rows = {}
     for name, per_run in runs.items():
         timed = [s for steps in per_run for s in steps[opts.warmup:]]
@@ -142,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name, row in rows.items():
         step = f"{row['step_s_mean']:.2f}" if row["step_s_mean"] else "-"
-        print(f"| {name} | {row['rev'] or 'this tree'} | {row['overrides'] or '-'} | {row['train_s_mean']:.2f} | {row['train_s_median']:.2f} | "
-              f"{step} | {row['reward_first3']:.3f} | {row['reward_last3']:.3f} |")
+        print(f"| {name} | {row['rev'] or 'this tree'} | {row['overrides'] or '-'} | {row['train_s_mean']:.2f} | "
+              f"{row['train_s_median']:.2f} | {step} | {row['reward_first3']:.3f} | {row['reward_last3']:.3f} |")
     print(f"ratio b/a training time per step: {rows['b']['train_s_mean'] / rows['a']['train_s_mean']:.2f}")
     if opts.json:
         opts.json.write_text(json.dumps({"summary": rows, "runs": runs}, indent=1))

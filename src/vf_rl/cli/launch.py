@@ -7,7 +7,8 @@ pane (vf-train).
     vf-rl plot RUN_DIR
 
 GPUs are assigned contiguously: inference gets the first ``inference.gpus`` visible devices,
-the trainer the next ``trainer.gpus``; ``gpus = 0`` runs that side on the CPU. Each pane's
+the trainer the next ``trainer.gpus``; ``gpus = 0`` runs that side on the CPU. With both sides on
+the CPU, the cores are split the same way (``vf_rl.cli.cpus``). Each pane's
 output is also written to ``<output_dir>/logs/{inference,trainer}.log``. When the trainer
 ends, its exit status goes to ``<output_dir>/logs/trainer.exit`` and the inference server is
 stopped. ``--wait`` (for scripts) blocks until then and exits with the trainer's status.
@@ -30,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from vf_rl.cli.cpus import cpu_side_env
 from vf_rl.config.schema import (
     LOOPBACK,
     ConfigError,
@@ -119,7 +121,9 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
     """The two pane commands for ``config`` (the trainer's for node ``node_rank``).
 
     Args:
-        gpus: the visible GPU ids to hand out (contiguously, inference first).
+        gpus: the visible GPU ids to hand out (contiguously, inference first). With no GPU on
+            either side, the CPU cores are split instead: the server's first half, the trainer's
+            the rest (``vf_rl.cli.cpus.cpu_side_env``).
     """
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
     first_train = 0 if config.inference.shared or node_rank > 0 else n_inf  # nodes >= 1 have no server
@@ -142,12 +146,15 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
     iargs["port"], iargs["host"] = port, host
     if n_inf > 1:
         iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
+    server_cpus, trainer_cpus = {}, {}
+    if n_inf == 0 and n_train == 0 and node_rank == 0:  # both on this machine's CPU: split its cores as GPUs are
+        server_cpus, trainer_cpus = cpu_side_env()
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
-                                          **lora_env, **secret_env},
+                                          **lora_env, **secret_env, **server_cpus},
                             [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
                              *inference_flags(iargs)])
     trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1",
-                                      **secret_env},
+                                      **secret_env, **trainer_cpus},
                           trainer_argv(config, config_path, node_rank))
     return inference, trainer
 

@@ -7,13 +7,15 @@ exited or never came up (one line with its last error); 130 Ctrl-C.
 
 Loads ``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``,
 and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
-serving ``model``.
+serving ``model``. ``VF_RL_CPU_CORES`` (e.g. ``1`` or ``2-3``; ``vf-rl`` sets it when the server and
+the trainer share the CPU) pins the trainer to those cores before torch starts.
 """
 
 from __future__ import annotations
 
 import sys
 
+from vf_rl.cli.cpus import apply_trainer_cores
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
 
 EXIT_BAD_INPUT = 2
@@ -37,7 +39,11 @@ def _main(argv: list[str] | None) -> int:
         if unknown:
             raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
         config = load_config(config_path)
+        apply_trainer_cores()  # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU); before torch starts
     except ConfigError as exc:
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as exc:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl import RLConfig, RLTrainer
