@@ -40,10 +40,7 @@ def _main(argv: list[str] | None) -> int:
             raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
         config = load_config(config_path)
         apply_trainer_cores()  # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU); before torch starts
-    except ConfigError as exc:
-        print(f"vf-train: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as exc:
+    except ValueError as exc:  # ConfigError, or a bad VF_RL_CPU_CORES
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl import RLConfig, RLTrainer
