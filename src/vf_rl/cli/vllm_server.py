@@ -119,7 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     if cpu:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+        from vf_rl.cli.cpus import SERVER_CORES_ENV, format_cpu_list
+
+        # every core this process may use (vf-rl sets the first half when the trainer shares the CPU)
+        os.environ.setdefault(SERVER_CORES_ENV, format_cpu_list(sorted(os.sched_getaffinity(0))))
     if _has_flag(argv, "--enable-lora"):  # the trainer hot-loads its adapter (weight_sync = "lora")
         os.environ.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     host = _flag_value(argv, "--host") or "127.0.0.1"  # serve_argv's default; checked before vLLM is imported
