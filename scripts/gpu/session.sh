@@ -14,9 +14,10 @@
 #            (STEPS=10 EXTRA="--interleave": more steps, the sides' steps alternated)
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
-#   e2e-server / e2e-colocate: issue 13, benchmarks/e2e_vs_trl.py on 2 GPUs (TRL vllm-serve) or on one shared
-#            GPU (TRL colocate), started in the background (setsid) so that it outlives this run; `poll` waits
-#            for it and copies its outputs to $OUT
+#   learning: benchmarks/learning.py (ENV, default reverse-text; MINUTES, default 8; SIDES, default
+#            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
+#            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
+#            (POLL_S seconds) and copies its JSON, PNG and log to $OUT
 set -u
 source scripts/gpu/env.sh
 PART=$1
@@ -83,24 +84,18 @@ graphs)
 scale)
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run scale 450 python3 -m pytest -m gpu tests/test_gpu.py -k two_servers -s -q -p no:cacheprovider
   ;;
-e2e-server|e2e-colocate|e2e-eager)
-  case $PART in
-    e2e-server) args="--trl-vllm server" ;;
-    e2e-eager) args="--trl-vllm server --enforce-eager" ;;
-    e2e-colocate) args="--trl-vllm colocate --shared" ;;
-  esac
-  mkdir -p /tmp/e2e && rm -rf /tmp/e2e/$PART
-  setsid nohup python3 benchmarks/e2e_vs_trl.py --device gpu --model /tmp/smol --steps ${STEPS:-100} $args ${EXTRA:-} \
-    --json /tmp/e2e/$PART.json --plot /tmp/e2e/$PART.png --out /tmp/e2e/$PART > /tmp/e2e/$PART.log 2>&1 &
+learning)
+  name=learning-${ENV:-reverse-text}; mkdir -p /tmp/e2e && rm -rf /tmp/e2e/$name
+  setsid nohup python3 benchmarks/learning.py --env ${ENV:-reverse-text} --device gpu --model /tmp/smol \
+    --minutes ${MINUTES:-8} --trl-vllm ${TRL_VLLM:-colocate} --sides ${SIDES:-vf-rl,trl-compile} ${EXTRA:---shared} \
+    --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
 poll)
-  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f benchmarks/e2e_vs_trl.py > /dev/null || break; sleep 1; done
-  pgrep -f benchmarks/e2e_vs_trl.py > /dev/null && echo "still running"
-  cp -r /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
-  for d in /tmp/e2e/*/; do cp $d/trl-vllm.log $OUT/$(basename $d).trl-vllm.log 2>/dev/null; \
-    cp $d/vf-rl/metrics.jsonl $OUT/$(basename $d).vf-rl.metrics.jsonl 2>/dev/null; \
-    tail -n 30 $d/vf-rl/logs/*.log > $OUT/$(basename $d).vf-rl.logs.txt 2>/dev/null; done
+  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f benchmarks/learning.py > /dev/null || break; sleep 1; done
+  pgrep -f benchmarks/learning.py > /dev/null && echo "still running"
+  cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
+  for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; done
   tail -n 25 /tmp/e2e/*.log
   ;;
 esac

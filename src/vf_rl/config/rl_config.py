@@ -103,6 +103,7 @@ class RLConfig(TrainingArguments):
     learning_rate: float = field(default=1e-5, metadata={"help": "AdamW learning rate."})
     lr_scheduler_type: str = field(default="constant", metadata={"help": "constant, linear, cosine, ... (transformers names)."})
     max_steps: int = field(default=500, metadata={"help": "Optimizer steps (one batch each)."})
+    max_time_s: float | None = field(default=None, metadata={"help": "Stop after the first step that ends this many seconds after step 1 ended (step 1's server wait, model warm-up and compile are not counted); that step is saved and evaluated as the last of max_steps would be. None: stop at max_steps only."})
     save_steps: float = field(default=50, metadata={"help": "Checkpoint every N steps (the last step is always saved)."})
     save_only_model: bool = field(default=False, metadata={"help": "Checkpoints hold weights only (no optimizer/scheduler/RNG state: cannot resume exactly)."})
     resume_from_checkpoint: bool | str | None = field(default=None, metadata={"help": "true: resume from the last checkpoint in output_dir; or a checkpoint path."})

@@ -144,6 +144,8 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
     if a["max_prompt_len"] != rl_fields()["max_prompt_len"].default and a["max_prompt_len"] >= a["max_seq_len"]:
         raise ConfigError(f"{p}max_prompt_len ({a['max_prompt_len']}) must be below max_seq_len "
                           f"({a['max_seq_len']})")
+    if a.get("max_time_s") is not None and a["max_time_s"] <= 0:
+        raise ConfigError(f"{p}max_time_s: must be positive (seconds), got {a['max_time_s']}")
     if a["learning_rate"] < 0:
         raise ConfigError(f"{p}learning_rate: must not be negative, got {a['learning_rate']}")
     if a["temperature"] <= 0:

@@ -48,3 +48,7 @@ class BoxedParser(Parser):
 
     def parse_answer(self, completion) -> str | None:
         return self.parse(last_assistant_text(completion))
+
+    def format_answer(self, answer: str) -> str:
+        """``\\boxed{answer}``."""
+        return f"\\boxed{{{answer}}}"

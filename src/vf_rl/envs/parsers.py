@@ -32,6 +32,10 @@ class Parser:
     def parse_answer(self, completion: str | Messages) -> str | None:
         return self.parse(last_assistant_text(completion))
 
+    def format_answer(self, answer: str) -> str:
+        """A reply from which ``parse_answer`` reads ``answer`` (supervised warm-up data, ``vf-sft``)."""
+        return answer
+
     def get_format_reward_func(self) -> Callable[..., float]:
         def format_reward(completion, **kwargs) -> float:
             return 1.0 if last_assistant_text(completion).strip() else 0.0
@@ -76,6 +80,10 @@ class XMLParser(Parser):
 
     def parse_answer(self, completion: str | Messages) -> str | None:
         return getattr(self.parse(last_assistant_text(completion)), self.answer_field)
+
+    def format_answer(self, answer: str) -> str:
+        """``<answer_field>answer</answer_field>``."""
+        return f"<{self.answer_field}>{answer}</{self.answer_field}>"
 
     def get_format_str(self) -> str:
         """The format description to put in a system prompt."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -31,13 +32,20 @@ def truncate_jsonl(path: Path, last_step: int) -> None:
     os.replace(tmp, path)
 
 
+def evaluating(args) -> bool:
+    """Whether evaluation during training is on (``eval_strategy`` is not ``"no"``)."""
+    return getattr(args.eval_strategy, "value", args.eval_strategy) != "no"
+
+
 class RunCallback(TrainerCallback):
-    """Always save the final step; empty the device cache every ``torch_empty_cache_steps``;
-    write ``metrics.jsonl``, the console line and the plot."""
+    """Always save (and, when evaluation is on, evaluate) the final step; empty the device
+    cache every ``torch_empty_cache_steps``; write ``metrics.jsonl``, the console line and the plot."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
             control.should_save = True
+            if evaluating(args):
+                control.should_evaluate = True
         if args.torch_empty_cache_steps and state.global_step % args.torch_empty_cache_steps == 0:
             from accelerate.utils import clear_device_cache
 
@@ -62,6 +70,36 @@ class RunCallback(TrainerCallback):
                 print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)
             except Exception as exc:  # a plot must never fail a finished run
                 print(f"(no plot: {exc})", flush=True)
+
+
+class TimeBudget(TrainerCallback):
+    """``max_time_s``: end training at the first step that ends ``max_time_s`` seconds after
+    the first step of this run ended (so the server's start-up, the model's warm-up and
+    compilation are not counted). That step is saved, and evaluated when evaluation is on, as
+    the last of ``max_steps`` would be. The main process decides for all processes."""
+
+    def __init__(self, max_time_s: float):
+        self.max_time_s = max_time_s
+        self.first_step_end: float | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self.first_step_end is None:
+            self.first_step_end = now
+            return control
+        stop = now - self.first_step_end >= self.max_time_s
+        if args.world_size > 1:  # clocks differ between processes: all follow the main one
+            from accelerate.utils import broadcast_object_list
+
+            stop = broadcast_object_list([stop], from_process=0)[0]
+        if stop and state.global_step < state.max_steps:
+            control.should_training_stop = control.should_save = True
+            if evaluating(args):
+                control.should_evaluate = True
+            if state.is_world_process_zero:
+                print(f"max_time_s: {self.max_time_s:.0f} s of training after step 1 reached at step "
+                      f"{state.global_step}; stopping", flush=True)
+        return control
 
 
 class QuietProgress(ProgressCallback):

@@ -44,7 +44,7 @@ from vf_rl.metrics import env_metrics, rollout_metrics
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, prompt_rows, shard
-from .callbacks import QuietProgress, RunCallback, append_jsonl, truncate_jsonl
+from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating, truncate_jsonl
 from .filtering import DifficultyFilter
 from .loss import LossFn, LossInputs, get_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
@@ -103,10 +103,10 @@ class RLTrainer(Trainer):
         if args.use_lora:
             model = apply_lora(model, args)
         self.served_model_name = kwargs.pop("served_model_name", model_id)
-        evaluating = str(args.eval_strategy) not in ("no", "IntervalStrategy.NO") or args.eval_on_start
+        with_eval = evaluating(args) or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},
                          train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
-                         eval_dataset=_StepsDataset(1) if evaluating else None, **kwargs)
+                         eval_dataset=_StepsDataset(1) if with_eval else None, **kwargs)
         self.env = env
         # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
         self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
@@ -126,6 +126,8 @@ class RLTrainer(Trainer):
         self.remove_callback(ProgressCallback)
         self.add_callback(QuietProgress)
         self.add_callback(RunCallback)
+        if args.max_time_s is not None:
+            self.add_callback(TimeBudget(args.max_time_s))
         self.servers = [InferenceClient(url=url, timeout=args.vllm_server_timeout) for url in args.server_urls()]
         self.orchestrator: Orchestrator | None = None  # main process only
         self.weight_sync = None  # main process only: a transport from weight_sync.py
@@ -140,7 +142,7 @@ class RLTrainer(Trainer):
         self._rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len,
                                  args.seed if args.shuffle_dataset else None)
         self._eval_rows = (prompt_rows(env.get_eval_dataset(args.num_eval_examples), tokenizer, args.max_prompt_len)
-                           if evaluating else [])
+                           if with_eval else [])
 
     # --- the loop ---------------------------------------------------------------------------
 

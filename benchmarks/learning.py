@@ -1,0 +1,539 @@
+#!/usr/bin/env python
+"""Learning per wall-clock second, side by side: vf-rl (`vf-rl @ config --wait`, real tmux, real
+vLLM) against TRL's GRPOTrainer (``loss_type="cispo"``) on the same model, environment rows and
+order, loss, learning rate, LoRA, sampling and seed.
+
+    python benchmarks/learning.py --env reverse-text --device cpu --minutes 10 --prompts 4 --max-tokens 24
+    python benchmarks/learning.py --env reverse-text --device gpu --minutes 8 --shared \\
+        --trl-vllm colocate --sides vf-rl,trl-compile,trl --json results/learning-reverse-text-h100.json
+
+Both sides train for ``--minutes`` of wall clock counted from the end of their own step 1 (so
+start-up, model load, the first generation and compilation are not counted; vf-rl stops with
+``max_time_s``, TRL with the same rule in a callback), or ``--steps`` steps, whichever comes
+first. Each side evaluates the environment's held-out rows (``--eval-examples`` x
+``--eval-rollouts``, the same rows for both) before its first step and after its last.
+
+Sides (``--sides``): ``vf-rl``, and TRL sides named ``trl`` plus options joined by ``-``:
+``compile`` (``torch_compile=True``), ``liger`` (``use_liger_kernel=True``), ``sleep`` (vLLM sleep
+mode in colocate). TRL generates with transformers on the CPU (``--trl-vllm none``) and with
+``--trl-vllm colocate`` (one GPU) or ``server`` (``trl vllm-serve`` on GPU 0, training on GPU 1).
+The best TRL side is the one with the most rollouts per second; ratios are against it.
+
+Environments (``--env``; the offline data shipped with vf-rl):
+``reverse-text`` (``few_shot = 2``, continuous LCS reward), ``gsm8k`` (the shipped synthetic
+sample, ``few_shot = 2``, binary reward), ``alphabet-sort`` (two model turns per rollout, vf-rl
+side only: TRL's GRPOTrainer has no multi-turn path for it here).
+
+Output: a table (reward at 2/4/8/16/30 minutes: the mean of the last 3 steps each side finished
+by then; held-out reward before and after; time to reach the best TRL side's final reward;
+seconds per step, rollouts per second, the share of a step vf-rl waits for generation; peak
+memory: CPU summed RSS of each side's processes, GPU ``nvidia-smi`` memory in use above the
+idle baseline, sampled every second); ``--json`` in the format of ``benchmarks/results/
+learning-*.json``: ``{"settings", "sides": {side: {"rollouts_per_step", "max_tokens", "points":
+[[seconds_since_step1, step, reward_mean, eval_reward_or_null], ...], "peak_gib", "settings",
+"summary"}}}`` (step 0 is the evaluation before training, at 0 s); ``--plot`` draws reward
+against seconds, every side on one plot, held-out rewards as larger markers.
+
+Needs TRL (a dependency of vf-rl) in the environment that runs this script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTS_MIN = (2, 4, 8, 16, 30)
+
+
+@dataclass
+class EnvSpec:
+    """One benchmark environment: its ``load_environment`` arguments and lengths (tokens)."""
+
+    args: dict
+    max_tokens: int
+    max_seq_len: int
+    multi_turn: bool = False
+    vf_rl_only_reason: str = ""
+    trainer_args: dict = field(default_factory=dict)
+
+
+ENVS = {
+    "reverse-text": EnvSpec({"few_shot": 2, "source": "offline"}, max_tokens=128, max_seq_len=512),
+    "gsm8k": EnvSpec({"few_shot": 2, "source": "offline"}, max_tokens=256, max_seq_len=1024),
+    "alphabet-sort": EnvSpec({"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1,
+                              "max_names_per_turn": 2, "few_shot": 1}, max_tokens=128, max_seq_len=1024,
+                             multi_turn=True, vf_rl_only_reason="multi-turn: TRL's GRPOTrainer side is not built"),
+}
+
+
+def default_model() -> str:
+    cache = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
+    return str(cache / "models" / "SmolLM2-135M-Instruct")
+
+
+class PeakSampler:
+    """Peak memory in bytes, sampled every ``period`` seconds in a thread.
+
+    ``gpu``: ``nvidia-smi``'s memory in use, summed over the GPUs, above what was in use when
+    the sampler started. Otherwise the summed RSS of the processes whose command line contains
+    ``marker`` and their children (shared pages count once per process)."""
+
+    def __init__(self, gpu: bool, marker: str = "", period: float = 1.0):
+        import psutil
+
+        self.psutil, self.gpu, self.marker, self.period, self.peak = psutil, gpu, marker, period, 0
+        self.baseline = self._gpu_used() if gpu else 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _gpu_used() -> int:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True).stdout
+        return sum(int(x) for x in out.split()) * 2**20
+
+    def _rss(self) -> int:
+        found = []
+        for p in self.psutil.process_iter(["cmdline"]):
+            if any(self.marker in part for part in (p.info["cmdline"] or [])):
+                found += [p, *p.children(recursive=True)]
+        total = 0
+        for p in {p.pid: p for p in found}.values():
+            try:
+                total += p.memory_info().rss
+            except self.psutil.Error:
+                pass
+        return total
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            self.peak = max(self.peak, self._gpu_used() - self.baseline if self.gpu else self._rss())
+
+    def stop(self) -> float:
+        """Stop sampling; the peak in GiB."""
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**30
+
+
+def trl_options(side: str) -> dict:
+    """``trl-compile-liger`` -> ``{"torch_compile": True, "use_liger_kernel": True}``.
+
+    Raises:
+        ValueError: an unknown option."""
+    known = {"compile": "torch_compile", "liger": "use_liger_kernel", "sleep": "vllm_enable_sleep_mode"}
+    parts = side.split("-")[1:]
+    unknown = [p for p in parts if p not in known]
+    if side.split("-")[0] != "trl" or unknown:
+        raise ValueError(f"--sides: {side!r} is not vf-rl or trl[-compile][-liger][-sleep]")
+    return {known[p]: True for p in parts}
+
+
+# --- vf-rl ------------------------------------------------------------------------------------
+
+def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
+    """``vf-rl @ config --wait`` in real tmux; points from ``metrics.jsonl``."""
+    import tomli_w
+
+    from vf_rl.inference.communicator import free_port
+
+    port = free_port()
+    gpus = 1 if opts.device == "gpu" else 0
+    inference_args = {"max_model_len": spec.max_seq_len + 512}
+    if opts.device == "cpu" or opts.enforce_eager:
+        inference_args["enforce_eager"] = True
+    if opts.shared and gpus:
+        inference_args["gpu_memory_utilization"] = opts.vllm_memory
+    args = {"output_dir": str(out / "vf-rl"), "run_name": f"learning-{opts.env}", "vllm_server_port": port,
+            "batch_size": opts.prompts * opts.rollouts, "rollouts_per_example": opts.rollouts,
+            "micro_batch_size": opts.micro_batch, "max_tokens": opts.max_tokens, "max_seq_len": spec.max_seq_len,
+            "max_steps": opts.steps, "max_time_s": opts.minutes * 60.0, "learning_rate": opts.lr,
+            "lora_rank": opts.lora_rank, "lora_alpha": float(opts.lora_alpha), "temperature": 1.0,
+            "save_steps": 10 ** 6, "seed": opts.seed, "eval_strategy": "steps", "eval_steps": opts.eval_every,
+            "num_eval_examples": opts.eval_examples, "eval_rollouts_per_example": opts.eval_rollouts,
+            **spec.trainer_args}
+    config = {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
+              "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
+              "trainer": {"gpus": gpus, "args": args}}
+    path = out / "vf-rl.toml"
+    path.write_text(tomli_w.dumps(config))
+    sampler = PeakSampler(gpus > 0, marker=str(path) if not gpus else "")
+    server_sampler = PeakSampler(False, marker=f"--port {port}") if not gpus else None
+    metrics = out / "vf-rl" / "metrics.jsonl"
+    start = time.perf_counter()
+    log = out / "vf-rl.log"
+    with log.open("w") as sink:
+        process = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "-s",
+                                    f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT)
+        launch_to_step1 = None
+        while process.poll() is None:  # the launch-to-step-1 time, seen from outside
+            if launch_to_step1 is None and metrics.exists() and '"reward"' in metrics.read_text():
+                launch_to_step1 = time.perf_counter() - start
+            time.sleep(0.5)
+    wall = time.perf_counter() - start
+    peak = sampler.stop() + (server_sampler.stop() if server_sampler else 0.0)
+    if process.returncode != 0:
+        raise RuntimeError(f"vf-rl failed ({process.returncode}): {log.read_text()[-3000:]}")
+    records = [json.loads(line) for line in (out / "vf-rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "reward" in r and "timing/elapsed_s" in r]
+    evals = {r["step"]: r["eval/reward"] for r in records if "eval/reward" in r}
+    return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in steps],
+            "elapsed_s": [r["timing/elapsed_s"] for r in steps], "reward": [r["reward"] for r in steps],
+            "wait_s": [r.get("timing/wait_s", 0.0) for r in steps], "evals": evals,
+            "launch_to_step1_s": launch_to_step1, "settings": {"config": config}}
+
+
+# --- TRL --------------------------------------------------------------------------------------
+
+TRL_SCRIPT = r'''
+import asyncio, json, sys, time
+from pathlib import Path
+opts = json.loads(sys.argv[1])
+import torch
+from datasets import Dataset
+from peft import LoraConfig
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+from vf_rl import load_environment
+from vf_rl.trainer.batching import prompt_rows
+
+env = load_environment(opts["env"], **opts["env_args"])
+tokenizer = AutoTokenizer.from_pretrained(opts["model"])
+rows = prompt_rows(env.get_dataset(), tokenizer, 512, opts["seed"])  # vf-rl's rows, in its order
+eval_rows = prompt_rows(env.get_eval_dataset(opts["eval_examples"]), tokenizer, 512)
+
+def columns(row):
+    return {"prompt": row["prompt"], "answer": row.get("answer") or "", "info": json.dumps(row.get("info") or {}),
+            "task": row.get("task") or "default"}
+
+n = opts["prompts"] * (opts["steps"] + 1)
+data = Dataset.from_list([columns(rows[i % len(rows)]) for i in range(n)])
+
+def rubric_reward(prompts, completions, answer, info, task, **kwargs):
+    async def score(p, c, a, i, t):
+        reward, _ = await env.rubric.score(prompt=p, completion=c, answer=a, state={}, info=json.loads(i), task=t)
+        return reward
+    async def all_():
+        return await asyncio.gather(*(score(*x) for x in zip(prompts, completions, answer, info, task)))
+    return list(asyncio.run(all_()))
+
+records, evals, clock = [], {}, {"start": None, "first_end": None, "eval_s": 0.0}
+class Clock(TrainerCallback):
+    """Step times (seconds since train begin, evaluation time left out) and the time budget."""
+    def on_train_begin(self, args, state, control, **kw):
+        clock["start"] = time.perf_counter()
+    def on_step_end(self, args, state, control, **kw):
+        now = time.perf_counter() - clock["eval_s"]
+        if clock["first_end"] is None:
+            clock["first_end"] = now
+        elif now - clock["first_end"] >= opts["minutes"] * 60:
+            control.should_training_stop = True
+    def on_log(self, args, state, control, logs=None, **kw):
+        if logs and "reward" in logs and "eval_reward" not in logs:
+            records.append({"step": state.global_step, "reward": logs["reward"], "unix_s": time.time(),
+                            "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"]})
+
+batch = opts["prompts"] * opts["rollouts"]
+on_gpu = opts["device"] == "gpu"
+kwargs = dict(output_dir=opts["out"], per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+              num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0, top_p=1.0,
+              learning_rate=opts["lr"], lr_scheduler_type="constant", beta=0.0, loss_type="cispo", epsilon_high=8.0,
+              scale_rewards="none", max_grad_norm=1.0, gradient_checkpointing=False, max_steps=opts["steps"],
+              logging_steps=1, save_strategy="no", report_to="none", seed=opts["seed"], shuffle_dataset=False,
+              use_cpu=not on_gpu, bf16=on_gpu, **opts["trl_options"])
+if opts["trl_vllm"] != "none":
+    kwargs |= dict(use_vllm=True, vllm_mode=opts["trl_vllm"])
+    if opts["trl_vllm"] == "server":
+        kwargs |= dict(vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600)
+    else:
+        kwargs |= dict(vllm_gpu_memory_utilization=opts["vllm_memory"], vllm_max_model_length=opts["max_seq_len"] + 512)
+config = GRPOConfig(**kwargs)
+lora = LoraConfig(r=opts["lora_rank"], lora_alpha=opts["lora_alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
+                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+trainer = GRPOTrainer(model=opts["model"], reward_funcs=rubric_reward, args=config, train_dataset=data,
+                      processing_class=tokenizer, peft_config=lora, callbacks=[Clock()])
+
+def held_out_reward() -> float:
+    """Mean reward of eval_rollouts samples per held-out row (temperature 1, the same rows and
+    rubric as vf-rl's evaluation), generated with transformers: GRPOTrainer.evaluate() scored
+    0.006 on the CPU where plain sampling from the same model scored 0.11 (cause not found)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    was_training = model.training
+    model.eval()
+    left = AutoTokenizer.from_pretrained(opts["model"], padding_side="left")
+    rewards = []
+    for i in range(0, len(eval_rows), 16):
+        chunk = eval_rows[i:i + 16]
+        texts = [left.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False) for r in chunk]
+        enc = left(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                                 max_new_tokens=opts["max_tokens"], num_return_sequences=opts["eval_rollouts"],
+                                 pad_token_id=left.pad_token_id)
+        texts = left.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        rows = [r for r in chunk for _ in range(opts["eval_rollouts"])]
+        rewards += rubric_reward([r["prompt"] for r in rows], [[{"role": "assistant", "content": t}] for t in texts],
+                                 [r.get("answer") or "" for r in rows], [json.dumps(r.get("info") or {}) for r in rows],
+                                 [r.get("task") or "default" for r in rows])
+    model.train(was_training)
+    return sum(rewards) / len(rewards)
+
+def evaluate(step):
+    start = time.perf_counter()
+    evals[step] = held_out_reward()
+    clock["eval_s"] += time.perf_counter() - start
+
+evaluate(0)
+clock["eval_s"] = 0.0  # before on_train_begin: not on the clock anyway
+trainer.train()
+evaluate(trainer.state.global_step)
+peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+Path(opts["out"], "trl.json").write_text(json.dumps({"records": records, "evals": evals, "peak_allocated_gib": peak}))
+'''
+
+
+def start_trl_server(opts, out: Path) -> subprocess.Popen:
+    """``trl vllm-serve`` on GPU 0 (TRL's own server, weight updates over NCCL) for ``--trl-vllm server``."""
+    from urllib.parse import urlparse
+
+    url = urlparse(opts.trl_server_url)
+    argv = [sys.executable, "-m", "trl.scripts.vllm_serve", "--model", opts.model, "--host", url.hostname,
+            "--port", str(url.port), "--gpu_memory_utilization", "0.5", "--max_model_len", "2048"]
+    if opts.enforce_eager:
+        argv += ["--enforce_eager", "true"]
+    log = (out / "trl-vllm.log").open("w")
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+
+
+def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
+    """TRL's GRPOTrainer in a subprocess. GPU: ``--trl-vllm server`` starts ``trl vllm-serve``
+    on GPU 0 and trains on GPU 1; ``colocate`` and ``none`` use GPU 0."""
+    trl_out = out / side
+    trl_out.mkdir(parents=True, exist_ok=True)
+    options = trl_options(side)
+    args = {**vars(opts), "out": str(trl_out), "env_args": spec.args, "max_seq_len": spec.max_seq_len,
+            "trl_options": options}
+    env = dict(os.environ)
+    server = None
+    if opts.device == "gpu":
+        from vf_rl.inference.communicator import free_port
+
+        env["CUDA_VISIBLE_DEVICES"] = "1" if opts.trl_vllm == "server" else "0"
+        # colocate runs vLLM with the external launcher: one torch.distributed process
+        env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port())}
+        if opts.trl_vllm == "server":
+            server = start_trl_server(opts, out)
+    marker = f"learning-{side}-{os.getpid()}"
+    sampler = PeakSampler(opts.device == "gpu", marker=marker)
+    launched = time.time()
+    start = time.perf_counter()
+    try:
+        result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str), marker],
+                                capture_output=True, text=True, env=env)
+    finally:
+        if server is not None:
+            os.killpg(server.pid, 15)
+            server.wait(timeout=60)
+    wall = time.perf_counter() - start
+    peak = sampler.stop()
+    if result.returncode != 0:
+        raise RuntimeError(f"{side} failed ({result.returncode}): {result.stderr[-3000:]}")
+    data = json.loads((trl_out / "trl.json").read_text())
+    records = data["records"]
+    return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in records],
+            "elapsed_s": [r["elapsed_s"] for r in records], "reward": [r["reward"] for r in records],
+            "wait_s": None, "evals": {int(k): v for k, v in data["evals"].items()},
+            "launch_to_step1_s": records[0]["unix_s"] - launched if records else None,
+            "settings": {"trl_options": options, "trl_vllm": opts.trl_vllm,
+                         "peak_allocated_gib": data["peak_allocated_gib"]}}
+
+
+# --- results ----------------------------------------------------------------------------------
+
+def points(run: dict) -> list[list]:
+    """``[[seconds_since_step1, step, reward_mean, eval_reward_or_null], ...]``; the evaluation
+    before training is step 0 at 0 s."""
+    t0 = run["elapsed_s"][0]
+    out = [[0.0, 0, None, run["evals"][0]]] if 0 in run["evals"] else []
+    for step, t, reward in zip(run["steps"], run["elapsed_s"], run["reward"]):
+        out.append([round(t - t0, 3), step, reward, run["evals"].get(step)])
+    return out
+
+
+def reward_by(pts: list[list], seconds: float) -> float | None:
+    """Mean training reward of the last 3 steps finished by ``seconds`` after step 1."""
+    done = [p[2] for p in pts if p[2] is not None and p[0] <= seconds + 1e-6]
+    return statistics.fmean(done[-3:]) if done else None
+
+
+def time_to_reach(pts: list[list], target: float) -> float | None:
+    """First second at which the mean of the last 3 steps' rewards reaches ``target``."""
+    rewards = [p for p in pts if p[2] is not None]
+    for i in range(len(rewards)):
+        if statistics.fmean(p[2] for p in rewards[max(0, i - 2):i + 1]) >= target - 1e-9:
+            return rewards[i][0]
+    return None
+
+
+def summarize(run: dict, pts: list[list], rollouts: int, warmup: int) -> dict:
+    step_s = [b - a for a, b in zip(run["elapsed_s"], run["elapsed_s"][1:])][warmup:] or [float("nan")]
+    median = statistics.median(step_s)
+    evals = [p[3] for p in pts if p[3] is not None]
+    waits = run["wait_s"]
+    wait_fraction = None
+    if waits and len(run["elapsed_s"]) > 1:
+        pairs = list(zip(waits[1:], [b - a for a, b in zip(run["elapsed_s"], run["elapsed_s"][1:])]))[warmup:]
+        wait_fraction = statistics.fmean(w / s for w, s in pairs if s > 0) if pairs else None
+    trained_s = pts[-1][0] if pts else 0.0
+    return {"steps": len(run["reward"]), "trained_s": trained_s, "step_s_median": median,
+            "rollouts_per_s": rollouts / median if median == median else None, "wait_fraction": wait_fraction,
+            "launch_to_step1_s": run["launch_to_step1_s"], "wall_s": run["wall_s"],
+            "reward_at_min": {m: reward_by(pts, m * 60) for m in CHECKPOINTS_MIN if m * 60 <= trained_s + 30},
+            "reward_final": reward_by(pts, trained_s), "eval_before": evals[0] if evals else None,
+            "eval_after": evals[-1] if len(evals) > 1 else None, "peak_gib": run["peak_gib"]}
+
+
+def fmt(v) -> str:
+    return "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def report(result: dict) -> str:
+    """The markdown table of a result (``--json``'s contents)."""
+    sides = result["sides"]
+    trl_sides = [s for s in sides if s.startswith("trl")]
+    best = max(trl_sides, key=lambda s: sides[s]["summary"]["rollouts_per_s"] or 0) if trl_sides else None
+    target = sides[best]["summary"]["reward_final"] if best else None
+    rows = [("steps", "steps"), ("trained s after step 1", "trained_s"), ("s per step (median)", "step_s_median"),
+            ("rollouts / s", "rollouts_per_s"), ("vf-rl waits for generation", "wait_fraction"),
+            ("s from launch to the end of step 1", "launch_to_step1_s"), ("peak GiB", "peak_gib"),
+            ("held-out reward before", "eval_before"), ("held-out reward after", "eval_after"),
+            ("final reward (last 3 steps)", "reward_final")]
+    names = list(sides)
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for minute in CHECKPOINTS_MIN:
+        values = [sides[n]["summary"]["reward_at_min"].get(str(minute), sides[n]["summary"]["reward_at_min"].get(minute))
+                  for n in names]
+        if any(v is not None for v in values):
+            lines.append(f"| reward at {minute} min | " + " | ".join(fmt(v) for v in values) + " |")
+    for label, key in rows:
+        lines.append(f"| {label} | " + " | ".join(fmt(sides[n]["summary"][key]) for n in names) + " |")
+    if best and target is not None:
+        reach = [time_to_reach(sides[n]["points"], target) for n in names]
+        lines.append(f"| s to reach {best}'s final reward ({target:.3f}) | " + " | ".join(fmt(v) for v in reach) + " |")
+        if "vf-rl" in sides:
+            vf, peer = sides["vf-rl"]["summary"], sides[best]["summary"]
+            ratio = (vf["rollouts_per_s"] or 0) / (peer["rollouts_per_s"] or float("inf"))
+            lines.append(f"\nbest TRL side (most rollouts/s): {best}; vf-rl / {best} rollouts per second: {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result["settings"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, side in result["sides"].items():
+        pts = side["points"]
+        line, = ax.plot([p[0] for p in pts if p[2] is not None], [p[2] for p in pts if p[2] is not None],
+                        marker=".", markersize=3, linewidth=1, label=f"{name} (training)")
+        held = [(p[0], p[3]) for p in pts if p[3] is not None]
+        if held:
+            ax.plot(*zip(*held), marker="D", linestyle="--", color=line.get_color(), label=f"{name} (held-out)")
+    ax.set_xlabel("seconds after step 1")
+    ax.set_ylabel("reward")
+    ax.set_title(f"{s['env']}, {Path(s['model']).name}, {s['prompts']}x{s['rollouts']} rollouts/step, "
+                 f"max_tokens {s['max_tokens']}, {s['device']}", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--env", choices=sorted(ENVS), default="reverse-text")
+    p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    p.add_argument("--model", default=default_model())
+    p.add_argument("--minutes", type=float, default=8.0, help="wall clock per side after its step 1")
+    p.add_argument("--steps", type=int, default=2000, help="most steps per side")
+    p.add_argument("--warmup", type=int, default=2, help="steps left out of the per-step medians")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--rollouts", type=int, default=8)
+    p.add_argument("--micro-batch", type=int, default=128, help="vf-rl's micro_batch_size")
+    p.add_argument("--max-tokens", type=int, default=None, help="default: the environment's (reverse-text 128)")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--eval-examples", type=int, default=32)
+    p.add_argument("--eval-rollouts", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=10 ** 6, help="vf-rl: also evaluate every N steps")
+    p.add_argument("--shared", action="store_true", help="GPU: vLLM and the trainer on one GPU (vf-rl shared = true)")
+    p.add_argument("--vllm-memory", type=float, default=0.3, help="GPU share for vLLM on a shared GPU (both sides)")
+    p.add_argument("--enforce-eager", action="store_true", help="GPU: vLLM without CUDA graphs")
+    p.add_argument("--trl-vllm", choices=["none", "server", "colocate"], default=None,
+                   help="TRL's generation (default: none on the CPU, colocate on a GPU)")
+    p.add_argument("--trl-server-url", default="http://127.0.0.1:8001", help="with --trl-vllm server")
+    p.add_argument("--sides", default="vf-rl,trl")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--plot", type=Path, default=None, help="PNG of reward against seconds")
+    p.add_argument("--from-json", type=Path, default=None, help="print the table (and --plot) of an earlier --json")
+    opts = p.parse_args(argv)
+    if opts.from_json:
+        result = json.loads(opts.from_json.read_text())
+    else:
+        spec = ENVS[opts.env]
+        opts.max_tokens = opts.max_tokens or spec.max_tokens
+        opts.trl_vllm = opts.trl_vllm or ("colocate" if opts.device == "gpu" else "none")
+        sides = opts.sides.split(",")
+        for side in sides:
+            if side != "vf-rl":
+                try:
+                    trl_options(side)
+                except ValueError as exc:
+                    p.error(str(exc))
+                if spec.vf_rl_only_reason:
+                    p.error(f"--env {opts.env}: vf-rl side only ({spec.vf_rl_only_reason})")
+        out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-learning-"))
+        out.mkdir(parents=True, exist_ok=True)
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
+        settings |= {"env_args": spec.args, "max_seq_len": spec.max_seq_len, "date": time.strftime("%Y-%m-%d %H:%M UTC",
+                                                                                                    time.gmtime())}
+        result = {"settings": settings, "sides": {}}
+        for side in sides:
+            print(f"learning: running {side} ...", flush=True)
+            run = run_vf_rl(opts, spec, out) if side == "vf-rl" else run_trl(opts, spec, side, out)
+            pts = points(run)
+            result["sides"][side] = {"rollouts_per_step": opts.prompts * opts.rollouts, "max_tokens": opts.max_tokens,
+                                     "points": pts, "peak_gib": run["peak_gib"], "settings": run["settings"],
+                                     "summary": summarize(run, pts, opts.prompts * opts.rollouts, opts.warmup)}
+            if opts.json:  # after each side, so a later side's failure keeps the earlier ones
+                opts.json.write_text(json.dumps(result, indent=1))
+    s = result["settings"]
+    print(f"\n{s['env']}: {s['prompts']} prompts x {s['rollouts']} rollouts, max_tokens {s['max_tokens']}, LoRA "
+          f"r{s['lora_rank']}/{s['lora_alpha']}, lr {s['lr']}, {s['minutes']} min per side after step 1, "
+          f"device {s['device']}")
+    print(report(result))
+    if opts.plot:
+        plot(result, opts.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""benchmarks/learning.py: the JSON points, the rewards at fixed minutes, the time to reach the
+best TRL side's final reward, the TRL side names, and --from-json (table and plot). The runs
+themselves need a server and TRL for minutes each: the CPU smoke run is in benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _learning():
+    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(rewards, step_s, first=30.0, evals=None):
+    elapsed = [first + i * step_s for i in range(len(rewards))]
+    return {"steps": list(range(1, len(rewards) + 1)), "elapsed_s": elapsed, "reward": rewards, "wait_s": None,
+            "evals": evals or {}, "wall_s": elapsed[-1] + 10, "peak_gib": 1.0, "launch_to_step1_s": first + 5}
+
+
+def test_points_start_at_step_one_with_the_evaluation_before():
+    learning = _learning()
+    pts = learning.points(run([0.1, 0.2, 0.3], 60.0, evals={0: 0.05, 3: 0.4}))
+    assert pts == [[0.0, 0, None, 0.05], [0.0, 1, 0.1, None], [60.0, 2, 0.2, None], [120.0, 3, 0.3, 0.4]]
+
+
+def test_reward_by_and_time_to_reach():
+    learning = _learning()
+    pts = learning.points(run([0.1, 0.2, 0.3, 0.4, 0.5], 60.0))
+    assert learning.reward_by(pts, 120.0) == pytest.approx(0.2)  # steps 1-3 done by 2 minutes
+    assert learning.reward_by(pts, 240.0) == pytest.approx(0.4)
+    assert learning.time_to_reach(pts, 0.3) == 180.0  # the mean of steps 2-4 first reaches 0.3
+    assert learning.time_to_reach(pts, 0.9) is None
+
+
+def test_report_compares_with_the_fastest_trl_side(tmp_path):
+    learning = _learning()
+    sides = {"vf-rl": run([0.1, 0.3, 0.5, 0.6], 30.0), "trl": run([0.1, 0.2, 0.3, 0.4], 60.0),
+             "trl-compile": run([0.1, 0.2, 0.3, 0.35], 40.0)}
+    result = {"settings": {"env": "reverse-text", "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128,
+                           "device": "gpu", "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8},
+              "sides": {}}
+    for name, r in sides.items():
+        pts = learning.points(r)
+        result["sides"][name] = {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}
+    table = learning.report(result)
+    # trl-compile has the most rollouts/s (0.025 s^-1 * 128); vf-rl's 30 s steps are 1.33x faster
+    assert "best TRL side (most rollouts/s): trl-compile; vf-rl / trl-compile rollouts per second: 1.33x" in table
+    target = learning.reward_by(result["sides"]["trl-compile"]["points"], 120.0)
+    assert f"s to reach trl-compile's final reward ({target:.3f})" in table
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--from-json", str(path),
+                          "--plot", str(tmp_path / "r.png")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "| reward at 2 min |" in out.stdout and (tmp_path / "r.png").stat().st_size > 1000
+
+
+def test_trl_side_names():
+    learning = _learning()
+    assert learning.trl_options("trl") == {}
+    assert learning.trl_options("trl-compile-liger") == {"torch_compile": True, "use_liger_kernel": True}
+    with pytest.raises(ValueError, match="not vf-rl or trl"):
+        learning.trl_options("trl-fast")
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--sides", "vf-rl,trl-fast"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "trl-fast" in out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "alphabet-sort"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "vf-rl side only" in out.stderr
