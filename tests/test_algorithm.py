@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import write_cpu_config
 
-from vf_rl.trainer.loss import LossInputs, LossOutput
+from vf_rl.trainer.loss import LossInputs, LossOutput, micro_batch_loss
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -33,20 +33,21 @@ def test_example_loss_matches_hand_computation():
     mask = torch.tensor([[True, True, True], [True, True, False]])
     trainer = torch.tensor(log_r, requires_grad=True)
     adv = torch.tensor([1.0, -2.0])
-    inputs = LossInputs(trainer, torch.zeros(2, 3), adv, mask, torch.zeros(2, 3), loss_normalizer=5.0)
-    out = gspo_loss(inputs, SimpleNamespace(epsilon_low=0.2, epsilon_high=0.28))
+    inputs = LossInputs(trainer, torch.zeros(2, 3), adv, mask, torch.zeros(2, 3))
+    loss, stats = micro_batch_loss(gspo_loss, inputs, SimpleNamespace(epsilon_low=0.2, epsilon_high=0.28, beta=0.0), 5.0)
     s0, s1 = math.exp((0.1 - 0.3 + 0.05) / 3), math.exp((0.4 + 0.2) / 2)  # 0.951 (inside), 1.350 (above 1.28)
     # A < 0 with s above the range: min(s*A, clip*A) = s*A, unclipped
     expected = (-3 * s0 * 1.0 - 2 * (s1 * -2.0)) / 5.0
-    assert out.loss.item() == pytest.approx(expected, rel=1e-5)
-    out.loss.backward()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
     assert trainer.grad[0].tolist() == pytest.approx([-s0 / 5] * 3, rel=1e-5)
     assert trainer.grad[1].tolist() == pytest.approx([2 * s1 / 5, 2 * s1 / 5, 0.0], rel=1e-5)
-    assert out.stats["sequence_ratio"].item() == pytest.approx(3 * s0 + 2 * s1, rel=1e-5)
+    assert stats["sequence_ratio"].item() == pytest.approx(3 * s0 + 2 * s1, rel=1e-5)
 
 
 def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
-    """A loss passed as ``loss_fn`` is called on every micro batch; its sums are logged as means
+    """A loss passed as ``loss_fn`` is called on every micro batch; its per-token losses are
+    masked and divided by the batch's loss tokens by the trainer; its sums are logged as means
     per loss token and its ``/max`` keys as maxima, nothing else is added or dropped."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -58,11 +59,10 @@ def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
     calls = []
 
     def counting_loss(inputs: LossInputs, args) -> LossOutput:
-        calls.append(inputs.trainer_logprobs.shape)
         mask = inputs.loss_mask
-        loss = -(inputs.trainer_logprobs * inputs.advantages[:, None]).masked_fill(~mask, 0).sum()
-        return LossOutput(loss / inputs.loss_normalizer, {"ones": mask.sum().float(),
-                                                          "rows/max": torch.tensor(float(len(mask)))})
+        per_token = -(inputs.trainer_logprobs * inputs.advantages[:, None])  # not masked: the trainer masks
+        calls.append(float((per_token.detach() * mask).sum()))
+        return LossOutput(per_token, {"ones": mask.sum().float(), "rows/max": torch.tensor(float(len(mask)))})
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -74,7 +74,7 @@ def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
     samples = [Sample(list(range(10, 10 + p + c)), [0] * p + [1] * c, [0.0] * (p + c), a)
                for p, c, a in ((5, 3, 1.0), (4, 2, -1.0), (6, 4, 0.5), (3, 1, -0.5))]
     loss, stats = trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[]))
-    assert len(calls) == 2 and math.isfinite(float(loss))
+    assert len(calls) == 2 and float(loss) == pytest.approx(sum(calls) / 10.0, rel=1e-5)  # 10 loss tokens
     assert stats == {"ones": 1.0, "rows/max": 2.0, "tokens/loss": 10.0, "tokens/trained": 28.0}
 
 

@@ -8,7 +8,7 @@ import torch
 from vf_rl.config.rules import ConfigError
 from vf_rl.envs import Rollout, Turn
 from vf_rl.trainer.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
-from vf_rl.trainer.batching import Sample, micro_batches, rollout_to_samples, shard
+from vf_rl.trainer.batching import Sample, exceeds_max_seq_len, micro_batches, rollout_to_samples, shard
 
 
 def rollouts(rewards, lengths=None):
@@ -115,3 +115,17 @@ def test_micro_batches_right_pad():
     assert first["sampling_logprobs"].dtype == torch.float32
     assert first["advantages"].tolist() == [1.0, -1.0]
     assert batches[1]["input_ids"].shape == (1, 4)
+
+
+@pytest.mark.parametrize("turns", [
+    [Turn([1, 2, 3], [4, 5], [-0.5, -0.25])],
+    [Turn([1, 2], [3, 4], [-0.1, -0.2]), Turn([1, 2, 3, 4, 9, 9], [5], [-0.3])],  # merged into one sample
+    [Turn([1, 2], [3, 4], [-0.1, -0.2]), Turn([1, 7, 9], [5, 6, 8], [-0.3] * 3)],  # a rewritten history
+])
+def test_exceeds_max_seq_len_is_exactly_when_samples_are_cut(turns):
+    """A rollout is marked truncated at max_seq_len exactly when rollout_to_samples shortens it."""
+    full = sum(len(s.input_ids) for s in rollout_to_samples(turns, 0.0, max_seq_len=10 ** 6))
+    for limit in range(1, 12):
+        kept = sum(len(s.input_ids) for s in rollout_to_samples(turns, 0.0, max_seq_len=limit))
+        assert exceeds_max_seq_len(turns, limit) == (kept < full), limit
+

@@ -120,6 +120,15 @@ CASES = {
     "env args wrong type": (with_env_args('few_shot = "two"'), "env.args.few_shot", "expected int | list[dict], got 'two'"),
     "output_dir not writable": (with_arg('output_dir = "/proc/version/run"'), "trainer.args.output_dir", "is a file"),
     "report_to unsupported": (with_arg('report_to = "tensorbord"'), "trainer.args.report_to", "expected one of none, wandb"),
+    "output_dir under /proc": (with_arg('output_dir = "/proc/vf-rl-run"'), "trainer.args.output_dir",
+                               "cannot write to /proc"),
+    "loss function typo": (with_arg('loss_type = "vf_rl.trainer.loss:cispo_los"'), "trainer.args.loss_type",
+                           "has no function 'cispo_los' (did you mean 'cispo_loss'?)"),
+    "advantage module missing": (with_arg('advantage_type = "no_such_module:f"'), "trainer.args.advantage_type",
+                                 "cannot import module 'no_such_module'"),
+    "max_model_len below max_seq_len": (edit("enforce_eager = true", "enforce_eager = true\nmax_model_len = 256"),
+                                        "inference.args.max_model_len (256) is below trainer.args.max_seq_len (512)",
+                                        None),
 }
 
 
@@ -307,6 +316,9 @@ AGREE_REJECT = {
     "mask ratio bounds": ({"mask_ratio_low": 2.0}, "mask_ratio_low/high"),
     "epsilon bounds": ({"epsilon_low": 1.5}, "epsilon_low/high"),
     "unknown loss": ({"loss_type": "ppo"}, "loss_type: expected one of cispo, dapo or 'module:function'"),
+    "loss function typo": ({"loss_type": "vf_rl.trainer.loss:cispo_los"}, "loss_type: module 'vf_rl.trainer.loss' "
+                                                                          "has no function 'cispo_los'"),
+    "output_dir under /proc": ({"output_dir": "/proc/vf-rl-run"}, "output_dir: cannot write to /proc"),
     "unknown advantage": ({"advantage_type": "std"}, "advantage_type: expected one of group_mean, group_mean_std"),
     "unknown scheduler": ({"lr_scheduler_type": "cosin"}, "unknown scheduler 'cosin' (did you mean 'cosine'?)"),
     "bf16 on the cpu": ({"bf16": True}, "bf16 = true needs a GPU"),
@@ -360,7 +372,8 @@ AGREE_ACCEPT = {
     "padded micro batches": {"padding_free": False},
     "token budget": {"micro_batch_tokens": 4096},
     "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
-    "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss", "advantage_type": "my_module:my_advantage"},
+    "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss",
+                      "advantage_type": "vf_rl.trainer.advantage:group_mean_std"},
     "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,
                     "oversampling_factor": 1.5, "beta": 0.04, "max_off_policy_steps": 2},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},

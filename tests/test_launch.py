@@ -66,6 +66,19 @@ def test_zero_gpus_means_cpu(tmp_path):
     assert inference.env["CUDA_VISIBLE_DEVICES"] == "" and trainer.env["CUDA_VISIBLE_DEVICES"] == ""
 
 
+def test_vllm_max_model_len_is_the_trainers_max_seq_len(tmp_path):
+    """One sequence-length truth: unset, vLLM's max_model_len is max_seq_len (default 2048 or
+    the config's); a larger explicit value is kept (a smaller one is refused: test_config)."""
+    def flag(extra, args=""):
+        path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=extra) + args)
+        argv = build_commands(load_config(path), path, ["0", "1"])[0].argv
+        return argv[argv.index("--max-model-len") + 1]
+
+    assert flag("") == "2048"
+    assert flag("", "max_seq_len = 1024\n") == "1024"
+    assert flag("max_model_len = 4096") == "4096"
+
+
 def run_cli(*args, env=None):
     return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", *args], capture_output=True, text=True,
                           env=env, timeout=60)

@@ -8,16 +8,24 @@ import pytest
 import torch
 
 from vf_rl.config.rules import ConfigError
-from vf_rl.trainer.loss import LOSSES, LossInputs, cispo_loss, dapo_loss, get_loss, policy_logprobs, selective_logprobs
+from vf_rl.trainer.loss import (
+    LOSSES,
+    LossInputs,
+    cispo_loss,
+    dapo_loss,
+    get_loss,
+    micro_batch_loss,
+    policy_logprobs,
+    selective_logprobs,
+)
 
-ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28)
+ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0)
 
 
 def run_loss(fn, trainer_lp, sampling_lp, adv, mask, normalizer, **args):
-    """``fn`` on plain tensors: returns ``(loss, stats)``."""
-    inputs = LossInputs(trainer_lp, sampling_lp, adv, mask.bool(), torch.zeros_like(trainer_lp), normalizer)
-    out = fn(inputs, SimpleNamespace(**{**vars(ARGS), **args}))
-    return out.loss, out.stats
+    """``fn`` on plain tensors, masked and normalised as the trainer does: returns ``(loss, stats)``."""
+    inputs = LossInputs(trainer_lp, sampling_lp, adv, mask.bool(), torch.zeros_like(trainer_lp))
+    return micro_batch_loss(fn, inputs, SimpleNamespace(**{**vars(ARGS), **args}), normalizer)
 
 
 def cispo(trainer_lp, sampling_lp, adv, mask, normalizer, low=0.125, high=8.0):
@@ -115,6 +123,16 @@ def test_on_policy_stats():
 def test_bad_normalizer(fn):
     with pytest.raises(ValueError, match="loss_normalizer"):
         run_loss(fn, torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), 0)
+
+
+def test_a_reduced_loss_is_refused():
+    """A loss that returns a scalar (already masked and normalised) would be normalised twice:
+    refused with its name and the expected shape."""
+    def reduced(inputs, args):
+        return cispo_loss(inputs, args).__class__(cispo_loss(inputs, args).per_token.sum(), {})
+
+    with pytest.raises(ValueError, match=r"reduced: LossOutput.per_token must be \[B, T\] = \(1, 2\)"):
+        run_loss(reduced, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 2.0)
 
 
 def dapo_reference(trainer_lp, sampling_lp, adv, mask, normalizer, eps_low, eps_high):

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import write_cpu_config
@@ -89,10 +90,15 @@ def test_vf_train_with_filtering_logs_its_metrics(server, model_dir, tmp_path, r
 
 
 def test_kl_penalty_is_beta_times_k3_per_loss_token():
+    """For every loss, built-in or custom (examples/custom_loss.py), the trainer adds beta * k3
+    on the loss tokens / N and logs kl_ref."""
     import torch
 
     from vf_rl.config.rl_config import RLConfig
-    from vf_rl.trainer.loss import LossInputs, cispo_loss, dapo_loss
+    from vf_rl.trainer.loss import LossInputs, cispo_loss, dapo_loss, micro_batch_loss
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from custom_loss import gspo_loss
 
     args = RLConfig(output_dir="/tmp/unused", use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2,
                     beta=0.5, report_to="none")
@@ -101,14 +107,14 @@ def test_kl_penalty_is_beta_times_k3_per_loss_token():
     mask = torch.tensor([[True, True, False]])
     d = [-0.5, 0.0]  # ref - logp on the loss tokens
     k3 = sum(math.exp(x) - x - 1 for x in d)
-    for loss_fn in (cispo_loss, dapo_loss):
-        inputs = LossInputs(logp, logp.detach().clone(), torch.tensor([1.0]), mask, torch.zeros(1, 3), 2.0)
-        without = loss_fn(inputs, args)
+    for loss_fn in (cispo_loss, dapo_loss, gspo_loss):
+        inputs = LossInputs(logp, logp.detach().clone(), torch.tensor([1.0]), mask, torch.zeros(1, 3))
+        without, stats_without = micro_batch_loss(loss_fn, inputs, args, 2.0)
         inputs.ref_logprobs = ref
-        with_kl = loss_fn(inputs, args)
-        assert with_kl.stats["kl_ref"].item() == pytest.approx(k3)
-        assert (with_kl.loss - without.loss).item() == pytest.approx(0.5 * k3 / 2.0)
-        assert "kl_ref" not in without.stats
+        with_kl, stats = micro_batch_loss(loss_fn, inputs, args, 2.0)
+        assert stats["kl_ref"].item() == pytest.approx(k3)
+        assert (with_kl - without).item() == pytest.approx(0.5 * k3 / 2.0)
+        assert "kl_ref" not in stats_without
 
 
 @pytest.mark.parametrize("use_lora", [True, False])
@@ -142,6 +148,54 @@ def test_kl_reference_is_the_initial_policy(model_dir, tmp_path, use_lora):
     trainer.model.zero_grad()
     _, stats = trainer._train_on_batch(trainer.model, batch)
     assert stats["kl_ref"] > 1e-4
+
+
+def test_custom_loss_with_kl_equals_built_in_cispo(model_dir, tmp_path):
+    """beta > 0 with a custom loss that re-implements CISPO in a few lines: the trainer adds the
+    KL and normalises, so the loss, kl_ref and the gradients equal the built-in's; with all
+    advantages 0 only the KL moves the weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.envs import load_environment
+    from vf_rl.trainer.batching import Sample
+    from vf_rl.trainer.loss import LossOutput, log_importance_ratio
+    from vf_rl.trainer.orchestrator import Batch
+
+    def my_cispo(inputs, args):
+        ratio = torch.exp(log_importance_ratio(inputs))
+        keep = (ratio >= args.mask_ratio_low) & (ratio <= args.mask_ratio_high)
+        return LossOutput((-ratio * inputs.advantages[:, None]) * keep, {})
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    results = {}
+    for name, loss_fn in (("cispo", None), ("custom", my_cispo)):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        args = RLConfig(output_dir=str(tmp_path / name), use_cpu=True, batch_size=4, rollouts_per_example=2,
+                        micro_batch_size=2, max_steps=1, report_to=[], beta=0.1, use_lora=True)
+        trainer = RLTrainer(model=model, env=env, args=args, processing_class=tokenizer, served_model_name="t",
+                            loss_fn=loss_fn)
+        with torch.no_grad():  # move the adapter away from the reference (the base model)
+            generator = torch.Generator().manual_seed(1)
+            for pname, p in trainer.model.named_parameters():
+                if "lora_B" in pname:
+                    p.add_(torch.randn(p.shape, generator=generator) * 0.02)
+        for advantage in (1.0, 0.0):
+            samples = [Sample(list(range(100, 100 + p + c)), [0] * p + [1] * c, [-1.0] * (p + c), a * advantage)
+                       for p, c, a in ((5, 3, 1.0), (4, 2, -1.0), (6, 4, 0.5), (3, 1, -0.5))]
+            trainer.model.zero_grad()
+            loss, stats = trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[]))
+            grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+            results[name, advantage] = float(loss), stats["kl_ref"], grads
+    for advantage in (1.0, 0.0):
+        (loss_a, kl_a, grad_a), (loss_b, kl_b, grad_b) = results["cispo", advantage], results["custom", advantage]
+        assert kl_a > 1e-4 and kl_b == pytest.approx(kl_a, rel=1e-5)
+        assert loss_b == pytest.approx(loss_a, rel=1e-5)
+        assert float((grad_a - grad_b).norm() / grad_a.norm()) < 1e-5
+    assert float(results["custom", 0.0][2].norm()) > 0  # the KL term alone trains
 
 
 @pytest.mark.server

@@ -275,3 +275,45 @@ def test_vf_eval_against_running_server(server, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", "x", "-a", "[1]"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--env-args must be a JSON object" in bad.stderr
+
+
+def test_rollouts_longer_than_max_seq_len_are_truncated_and_masked(server, env, tokenizer):
+    """A rollout the trainer would cut at max_seq_len counts as truncated: in truncated/rate,
+    and with mask_truncated_completions it gives no sample."""
+    rows = [env.get_dataset()[i] for i in range(2)]
+    prompt_len = max(len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
+                                                       return_dict=False)) for r in rows)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=8,
+                        rollouts_per_example=4, sampling_args={"max_tokens": 12, "temperature": 1.0},
+                        max_seq_len=prompt_len + 2, mask_truncated_completions=True)
+    try:
+        batch = orch.wait(0)
+    finally:
+        orch.close()
+    over = [r for r in batch.rollouts if len(r.turns[0].prompt_ids) + len(r.turns[0].completion_ids) > prompt_len + 2]
+    assert over and all(r.is_truncated for r in over)
+    assert batch.metrics["truncated/rate"] == sum(r.is_truncated for r in batch.rollouts) / 8 >= len(over) / 8
+    assert len(batch.samples) == sum(not r.is_truncated for r in batch.rollouts)
+
+
+
+def test_history_past_the_context_ends_the_rollout_as_truncated(server):
+    """A multi-turn history that outgrows the server's max_model_len (1024 here; vf-rl sets it to
+    max_seq_len) ends the rollout as truncated after its last complete turn, not as an error."""
+    import asyncio
+
+    from datasets import Dataset
+    from openai import AsyncOpenAI
+
+    from vf_rl.envs import MultiTurnEnv
+
+    class LongReplies(MultiTurnEnv):
+        async def env_response(self, messages, state, **kwargs):
+            return [{"role": "user", "content": "word " * 1500}]  # > 1024 tokens
+
+    env = LongReplies(dataset=Dataset.from_list([{"question": "Say hi.", "answer": ""}]), max_turns=3)
+    client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+    rollouts = asyncio.run(env.generate(client, server.model, [env.get_dataset()[0]], 2,
+                                        {"max_tokens": 8, "temperature": 1.0}))
+    for r in rollouts:
+        assert r.error is None and r.is_truncated and len(r.turns) == 1

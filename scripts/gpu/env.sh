@@ -1,13 +1,16 @@
 # Source on a lent GPU machine (no network) from the repo root, after the transfers put the
-# vLLM 0.26 bundle parts (.c1 .c2 .c3, built by shared/tools/gpu-vllm/build_bundle.sh) and the
-# SmolLM2 parts (.c3 .c4 .c5) in /tmp/chunks/ and our extra wheels/debs in /tmp/chunks/.gpu/.
+# vLLM 0.26 bundle parts (site.tar.xz.aa, .ab, ..., built by shared/tools/gpu-vllm/build_bundle.sh), the
+# SmolLM2 parts (smol.st.xz.aa, ..., its smol/ folder and smol.sha256) in /tmp/chunks/.cN/ folders (any
+# split, each transfer under 64 MiB with the checkout) and our extra wheels/debs in /tmp/chunks/.gpu/.
 # Unpacks once: vLLM + deps -> /tmp/site, our wheels (datasets, libtmux, trl...) -> /tmp/site2,
 # tmux (Debian .debs) -> /tmp/tmuxroot, SmolLM2-135M-Instruct (bf16) -> /tmp/smol.
 set -u
 C=/tmp/chunks
+parts() {  # parts() NAME: the split parts NAME.aa NAME.ab ... found in any $C/.cN folder, in name order
+  find $C -name "$1.??" | awk -F/ '{print $NF"\t"$0}' | sort | cut -f2
+}
 if [ ! -f /tmp/site/.done ]; then
-  mkdir -p /tmp/site && cat $C/.c1/site.tar.xz.* $C/.c2/site.tar.xz.* $C/.c3/site.tar.xz.* | xz -dc -T0 | tar x -C /tmp/site \
-    && touch /tmp/site/.done
+  mkdir -p /tmp/site && cat $(parts site.tar.xz) | xz -dc -T0 | tar x -C /tmp/site && touch /tmp/site/.done
 fi
 if [ ! -f /tmp/site2/.done ] && ls $C/.gpu/whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 $C/.gpu/whl/*.whl && touch /tmp/site2/.done
@@ -15,10 +18,10 @@ fi
 if [ ! -x /tmp/tmuxroot/usr/bin/tmux ] && ls $C/.gpu/debs/*.deb >/dev/null 2>&1; then
   for f in $C/.gpu/debs/*.deb; do dpkg -x $f /tmp/tmuxroot; done
 fi
-if [ ! -f /tmp/smol/model.safetensors ] && [ -f $C/.c5/smol.st.xz.bab ]; then
-  mkdir -p /tmp/smol && cp $C/.c3/smol/* /tmp/smol/ \
-    && cat $C/.c3/smol.st.xz.aa $C/.c4/smol.st.xz.b* $C/.c5/smol.st.xz.b* | xz -dc > /tmp/smol/model.safetensors \
-    && (cd /tmp/smol && sha256sum -c $C/.c3/smol.sha256)
+smol=$(find $C -maxdepth 2 -type d -name smol | head -1)
+if [ ! -f /tmp/smol/model.safetensors ] && [ -n "$smol" ] && [ -n "$(parts smol.st.xz)" ]; then
+  mkdir -p /tmp/smol && cp $smol/* /tmp/smol/ && cat $(parts smol.st.xz) | xz -dc > /tmp/smol/model.safetensors \
+    && (cd /tmp/smol && sha256sum -c $(dirname $smol)/smol.sha256)
 fi
 REPO=$(pwd)
 export PYTHONPATH=/tmp/site:/tmp/site2:$REPO/src

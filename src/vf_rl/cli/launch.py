@@ -131,6 +131,7 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
     resolved = resolved_trainer_args(config)
     host, port = server_address(config)
     iargs = dict(config.inference.args)
+    iargs.setdefault("max_model_len", resolved["max_seq_len"])  # one sequence-length truth for both sides
     if config.inference.shared:  # leave the trainer most of the memory
         iargs.setdefault("gpu_memory_utilization", SHARED_GPU_MEMORY_UTILIZATION)
     lora_env = {}

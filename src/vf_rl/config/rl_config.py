@@ -69,8 +69,8 @@ class RLConfig(TrainingArguments):
     mask_ratio_low: float = field(default=0.125, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is below this."})
     mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
     mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
-    mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude completions cut off at max_tokens from the loss."})
-    zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated completions reward 0."})
+    mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude truncated rollouts (a turn cut off at max_tokens, or longer than max_seq_len) from the loss."})
+    zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated rollouts (cut off at max_tokens, or longer than max_seq_len) reward 0."})
     # Sampling
     max_tokens: int | None = field(default=None, metadata={"help": "Most new tokens per model turn (None: max_seq_len)."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (the trainer's log-probs use it too)."})

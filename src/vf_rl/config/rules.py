@@ -90,18 +90,24 @@ def resolve_function(key: str, name: str, builtins: dict[str, Any]) -> Any:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         raise ConfigError(f"{key}: cannot import module {module_name!r} ({exc}); is it on PYTHONPATH?") from None
+    except Exception as exc:  # the module itself fails: one line, not its traceback
+        raise ConfigError(f"{key}: importing module {module_name!r} failed: {type(exc).__name__}: {exc}") from None
     if not callable(getattr(module, function, None)):
-        raise ConfigError(f"{key}: module {module_name!r} has no function {function!r}")
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        raise ConfigError(f"{key}: module {module_name!r} has no function {function!r}{suggest(function, names)}")
     return getattr(module, function)
 
 
 def _check_function_name(key: str, value: str, builtins: tuple[str, ...], prefix: str) -> None:
+    """A built-in name, or ``module:function`` whose module imports and has that function
+    (imported now, so a typo fails at ``--dry-run``, not after the server started)."""
     if value in builtins:
         return
     module, _, function = value.partition(":")
     if not (module and function and function.isidentifier()):
         raise ConfigError(f"{prefix}{key}: expected one of {', '.join(builtins)} or 'module:function', "
                           f"got {value!r}{suggest(value, builtins)}")
+    resolve_function(prefix + key, value, {})
 
 
 def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, prefix: str = "") -> None:
@@ -239,13 +245,17 @@ def check_sampling_and_lora(a: dict[str, Any], p: str = "") -> None:
 
 
 def check_output_dir(output_dir: str, p: str = "") -> None:
-    """``output_dir`` can be created and written: it is a writable directory, or its nearest
-    existing parent is. Creates nothing.
+    """``output_dir`` can be created and written: a file (or, when it does not exist yet, a
+    directory) is made in it or in its nearest existing parent and removed again, so the check
+    leaves nothing behind. A real write, not ``os.access``: as root ``access`` says yes to
+    ``/proc``, read-only mounts and the like. The probe's name is unique (several trainer
+    processes check at once).
 
     Raises:
         ConfigError: naming the key and the path that blocks it.
     """
     import os
+    import tempfile
     from pathlib import Path
 
     path = Path(output_dir).expanduser().absolute()
@@ -254,9 +264,16 @@ def check_output_dir(output_dir: str, p: str = "") -> None:
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"{p}output_dir: {existing} is a file, not a directory (output_dir = {output_dir!r})")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"{p}output_dir: cannot write to {existing} (output_dir = {output_dir!r}); "
-                          "choose a directory you can write")
+    try:
+        if existing == path:
+            fd, probe = tempfile.mkstemp(dir=existing, prefix=".vf-rl-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing, prefix=".vf-rl-write-check-"))
+    except OSError as exc:
+        raise ConfigError(f"{p}output_dir: cannot write to {existing} ({exc.strerror}) (output_dir = "
+                          f"{output_dir!r}); choose a directory you can write") from None
 
 
 def check_call_args(function, args: dict[str, Any], prefix: str) -> None:

@@ -190,6 +190,13 @@ def validate_inference_args(config: "VfRlConfig") -> None:
     for key in ("model", "worker_extension_cls"):
         if key in args:
             raise ConfigError(f"inference.args.{key}: set by vf-rl itself (use the top-level 'model')")
+    max_model_len = args.get("max_model_len")
+    if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
+        max_seq_len = resolved_trainer_args(config)["max_seq_len"]
+        if max_model_len < max_seq_len:
+            raise ConfigError(f"inference.args.max_model_len ({max_model_len}) is below trainer.args.max_seq_len "
+                              f"({max_seq_len}): the server could not produce the sequences the trainer trains on; "
+                              "raise max_model_len or lower max_seq_len (unset, it is max_seq_len)")
 
 
 def validate_env(config: "VfRlConfig") -> None:

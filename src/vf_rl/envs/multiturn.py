@@ -5,8 +5,17 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+import openai
+
 from .environment import Environment, Rollout
 from .parsers import Messages
+
+
+def context_too_long(exc: Exception) -> bool:
+    """Whether a server error says the prompt exceeds the model's context (vLLM 0.26-0.33:
+    "Input length (N) exceeds model's maximum context length (M)", or "maximum context length")."""
+    text = str(exc).lower()
+    return "maximum context length" in text or "exceeds model" in text
 
 
 class MultiTurnEnv(Environment):
@@ -18,6 +27,9 @@ class MultiTurnEnv(Environment):
 
     ``state`` is a dict shared by the hooks and the reward functions: ``turn`` (model turns
     so far), ``answer``, ``info``, ``prompt``, plus whatever the environment stores.
+
+    A rollout ends as truncated when a model turn is cut at ``max_tokens``, or when the history
+    no longer fits the server's context (vf-rl sets vLLM's ``max_model_len`` to ``max_seq_len``).
 
     Args:
         max_turns: most model turns per rollout (>= 1).
@@ -49,7 +61,13 @@ class MultiTurnEnv(Environment):
         state = await self._maybe_await(self.setup_state(state)) or state
         rollout.state = state
         while not await self._maybe_await(self.is_completed(messages, state)):
-            message, turn, truncated = await self.call_model(client, model, messages, self.turn_args(sampling_args))
+            try:
+                message, turn, truncated = await self.call_model(client, model, messages, self.turn_args(sampling_args))
+            except openai.BadRequestError as exc:  # the history outgrew the server's max_model_len (= max_seq_len)
+                if not rollout.turns or not context_too_long(exc):
+                    raise
+                rollout.is_truncated = True
+                break
             messages.append(message)
             rollout.turns.append(turn)
             state["turn"] += 1

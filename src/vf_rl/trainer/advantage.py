@@ -24,7 +24,7 @@ class AdvantageInputs:
     Attributes:
         rewards: ``[G, R]`` float32, each rollout's reward (0 for a failed rollout).
         completion_tokens: ``[G, R]`` int64, tokens the model generated in each rollout (all turns).
-        is_truncated: ``[G, R]`` bool, the rollout was cut off at ``max_tokens``.
+        is_truncated: ``[G, R]`` bool, the rollout was cut off at ``max_tokens`` or is longer than ``max_seq_len``.
     """
 
     rewards: torch.Tensor

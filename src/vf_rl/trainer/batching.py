@@ -92,6 +92,13 @@ def rollout_to_samples(turns, advantage: float, max_seq_len: int, mask_env_respo
     return cut
 
 
+def exceeds_max_seq_len(turns, max_seq_len: int) -> bool:
+    """Whether :func:`rollout_to_samples` would cut this rollout's tokens at ``max_seq_len``:
+    some turn's prompt + completion is longer (a merged sample is as long as its last turn's
+    prompt + completion, since each turn's prompt repeats the history)."""
+    return any(len(t.prompt_ids) + len(t.completion_ids) > max_seq_len for t in turns)
+
+
 def shard(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int) -> list[Sample]:
     """This process's share of ``samples``, padded so every process gets the same number of
     micro batches (padding samples carry no loss tokens).

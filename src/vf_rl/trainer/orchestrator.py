@@ -25,7 +25,7 @@ from vf_rl.inference.client import openai_client
 from vf_rl.metrics import env_metrics, rollout_metrics
 
 from .advantage import AdvantageFn, compute_advantages, group_mean
-from .batching import Sample, rollout_to_samples
+from .batching import Sample, exceeds_max_seq_len, rollout_to_samples
 from .filtering import DifficultyFilter
 
 SERVER_ERRORS = ("APIConnectionError",)
@@ -80,7 +80,8 @@ class Orchestrator:
         generation_timeout: seconds allowed for one batch; rollouts still running then are
             counted as errors.
         request_timeout: seconds allowed for one request to the server.
-        mask_truncated_completions: truncated completions get no loss tokens.
+        mask_truncated_completions: truncated completions (cut at ``max_tokens``, or longer than
+            ``max_seq_len``) get no loss tokens.
         zero_truncated_completions: truncated completions get reward 0.
         mask_env_responses: environment-written tokens get no loss (multi-turn).
         difficulty_filter: drop groups without reward spread and refill (``filtering.py``);
@@ -234,10 +235,11 @@ class Orchestrator:
         async def generate(rows: list[dict]) -> list[Rollout]:
             rollouts, servers = await self._rollouts(rows, self.rollouts_per_example, on_done=on_done)
             server_of.update({id(r): s for r, s in zip(rollouts, servers)})
-            if self.zero_truncated:
-                for r in rollouts:
-                    if r.is_truncated:
-                        r.reward = 0.0
+            for r in rollouts:  # a rollout the trainer must cut at max_seq_len is truncated too
+                if not r.error and exceeds_max_seq_len(r.turns, self.max_seq_len):
+                    r.is_truncated = True
+                if self.zero_truncated and r.is_truncated:
+                    r.reward = 0.0
             return rollouts
 
         filter_metrics = {}

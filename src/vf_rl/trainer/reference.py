@@ -1,4 +1,4 @@
-"""The reference policy for the KL penalty (``beta > 0``; ``loss.kl_penalty``).
+"""The reference policy for the KL penalty (``beta > 0``; ``loss.micro_batch_loss`` adds it).
 
 With LoRA the reference is the base model itself: the adapter is switched off for one no-grad
 forward (peft's ``disable_adapter()`` context), so no second copy is held. With full weights

@@ -46,7 +46,7 @@ from .advantage import AdvantageFn, get_advantage
 from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating, truncate_jsonl
 from .filtering import DifficultyFilter
-from .loss import LossFn, LossInputs, get_loss, policy_logprobs
+from .loss import LossFn, LossInputs, get_loss, micro_batch_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
@@ -368,11 +368,12 @@ class RLTrainer(Trainer):
                         ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
                                                   lambda m: policy(m)[0]) if a.beta > 0 else None)
                         logprobs, entropy = policy(model)
-                        out = self.loss_fn(LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
-                                                      mb["loss_mask"][:, start:], entropy, normalizer, ref), a)
-                    self.accelerator.backward(out.loss)
-                total_loss += out.loss.detach()
-                for k, v in out.stats.items():
+                        inputs = LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
+                                            mb["loss_mask"][:, start:], entropy, ref)
+                        loss, loss_stats = micro_batch_loss(self.loss_fn, inputs, a, normalizer)  # mask, KL, / N
+                    self.accelerator.backward(loss)
+                total_loss += loss.detach()
+                for k, v in loss_stats.items():
                     v = v.detach().float()
                     sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
         totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
