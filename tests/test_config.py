@@ -191,7 +191,31 @@ def test_port_in_use_is_named(tmp_path):
         path = tmp_path / "busy.toml"
         path.write_text(BASE.replace("[trainer.args]\n", f"[trainer.args]\nvllm_server_port = {port}\n"))
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}
-        assert_one_line_error(run(["@", str(path)], tmp_path, env=env), f"port {port}", "already in use")
+        assert_one_line_error(run(["@", str(path)], tmp_path, env=env), f"port {port}", "already in use",
+                              f"by pid {os.getpid()}")
+
+
+def test_port_in_time_wait_is_free():
+    """A port whose last connection is in TIME_WAIT (the previous run's server just stopped) binds
+    with SO_REUSEADDR, as vLLM's server does: not refused."""
+    import socket
+
+    from vf_rl.cli.launch import check_port_free
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server side closes first: its end of the port goes to TIME_WAIT
+    server.close()
+    client.close()
+    with socket.socket() as plain:  # what a bind without SO_REUSEADDR says
+        with pytest.raises(OSError):
+            plain.bind(("127.0.0.1", port))
+    check_port_free("127.0.0.1", port)
 
 
 def test_every_documented_trainer_key_is_accepted(tmp_path):

@@ -181,3 +181,32 @@ def test_lora_weight_sync_starts_vllm_with_runtime_lora_loading(tmp_path):
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""), "fs.toml")
     inference, _ = build_commands(load_config(path), path, ["0", "1"])
     assert "--enable-lora" not in inference.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in inference.env
+
+
+def test_failure_report_names_who_failed_first_and_resumes_only_from_a_checkpoint(tmp_path, capsys):
+    """The trainer failed while the server was still starting (then stopped by Ctrl-C or its own
+    error): the trainer's last lines are printed, not the server's, and no --resume without a
+    checkpoint. The server failed first: its error is printed; with a checkpoint, --resume."""
+    import os
+
+    from vf_rl.cli.launch import report_failure
+
+    logs = tmp_path / "run" / "logs"
+    logs.mkdir(parents=True)
+    (logs / "trainer.log").write_text("Loading model...\nTraceback (most recent call last):\nValueError: bad row 3\n")
+    (logs / "inference.log").write_text("INFO starting\nRuntimeError: CUDA out of memory\n")
+    (logs / "trainer.exit").write_text("1\n")
+    (logs / "inference.exit").write_text("1\n")
+    os.utime(logs / "trainer.exit", (100, 100))
+    os.utime(logs / "inference.exit", (200, 200))  # the server stopped after the trainer
+    report_failure(logs, 1, "vf-rl @ c.toml --resume")
+    err = capsys.readouterr().err
+    assert "the trainer failed (status 1)" in err and "ValueError: bad row 3" in err
+    assert "CUDA out of memory" not in err and "--resume" not in err
+    assert "no checkpoint was written yet" in err and "(vf-rl @ c.toml)" in err
+    os.utime(logs / "inference.exit", (50, 50))  # the server failed first
+    (tmp_path / "run" / "checkpoint-10").mkdir()
+    report_failure(logs, 3, "vf-rl @ c.toml --resume")
+    err = capsys.readouterr().err
+    assert "CUDA out of memory" in err and "ValueError" not in err
+    assert "resume from the last checkpoint with: vf-rl @ c.toml --resume" in err

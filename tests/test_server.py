@@ -275,6 +275,15 @@ def test_vf_eval_against_running_server(server, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", "x", "-a", "[1]"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--env-args must be a JSON object" in bad.stderr
+    # every rollout failing (nothing listens on the port) is a failed evaluation, with its first cause
+    from conftest import free_port
+
+    closed = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", server.model, "-n", "2",
+                             "-r", "2", "-a", '{"source": "offline"}', "--base-url",
+                             f"http://127.0.0.1:{free_port()}/v1", "-o", str(tmp_path / "closed.jsonl")],
+                            capture_output=True, text=True, timeout=600)
+    assert closed.returncode == 1, closed.stderr[-2000:]
+    assert "every rollout failed; the first: APIConnectionError" in closed.stderr
 
 
 def test_rollouts_longer_than_max_seq_len_are_truncated_and_masked(server, env, tokenizer):

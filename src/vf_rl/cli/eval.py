@@ -8,6 +8,9 @@ Runs ``N`` examples x ``R`` rollouts against an OpenAI-compatible server (defaul
 and stops it afterwards), prints the reward's mean and standard deviation, the mean
 within-group standard deviation (reward diversity: 0 means RL has nothing to learn from), the
 mean of each reward function, the error rate and timing, and writes every rollout to JSONL.
+
+Exit status: 0 done; 1 every rollout failed (the first cause on stderr: a closed port, a server
+without tool calling...); 2 bad input.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+EXIT_ALL_FAILED = 1
 
 
 def rollout_record(r) -> dict:
@@ -143,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     for error in sorted(errors)[:5]:
         print(f"  error: {error}")
     print(f"rollouts written to {output}")
+    if rollouts and all(r.error for r in rollouts):
+        print(f"vf-eval: error: every rollout failed; the first: {rollouts[0].error}", file=sys.stderr)
+        return EXIT_ALL_FAILED
     return 0
 
 

@@ -207,15 +207,38 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Raise ConfigError if ``host:port`` is already taken (another run, another server)."""
+    """Raise ConfigError if ``host:port`` is taken (another run, another server), naming the
+    process that listens there when it can be found. Bound as the server will bind it
+    (``SO_REUSEADDR``, as uvicorn does), so a port still in TIME_WAIT after the last run is free."""
     import socket
 
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
         except OSError:
-            raise ConfigError(f"port {port} on {host} is already in use (another vf-rl run or server?); "
-                              f"set trainer.args.vllm_server_port to a free port") from None
+            owner = port_owner(port)
+            raise ConfigError(f"port {port} on {host} is already in use{f' by {owner}' if owner else ''} (another "
+                              "vf-rl run or server?); set trainer.args.vllm_server_port to a free port") from None
+
+
+def port_owner(port: int) -> str:
+    """``"pid N (command line)"`` of the process listening on ``port``, or ``""`` when it cannot be
+    seen (another user's process without the rights to look)."""
+    import psutil
+
+    try:
+        connections = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return ""
+    for c in connections:
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            try:
+                command = " ".join(psutil.Process(c.pid).cmdline())[:80]
+            except psutil.Error:
+                command = ""
+            return f"pid {c.pid}" + (f" ({command})" if command else "")
+    return ""
 
 
 def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool, resume: bool = False) -> int:
@@ -249,9 +272,11 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     for pane, cmd in ((top, inference), (bottom, trainer)):
         pane.cmd("select-pane", "-T", cmd.title)
     resume_hint = resume_command(config_path, session_name)
+    checkpoints = shlex.quote(str(config.output_dir.resolve())) + "/checkpoint-*"
     after = (f"tmux send-keys -t {top.pane_id} C-c; if [ $code -ne 0 ] && [ $code -ne {SIGINT_STATUS} ]; then "
+             f"if ls -d {checkpoints} >/dev/null 2>&1; then "
              f"echo {shlex.quote('[vf-rl] the trainer failed; the last complete checkpoint resumes with: ' + resume_hint)}"
-             "; fi")
+             f"; else echo {shlex.quote('[vf-rl] the trainer failed before its first checkpoint')}; fi; fi")
     top.send_keys(supervised_shell(inference.line(), logs / "inference.log", logs / "inference.exit",
                                    logs / "inference.restarts", exit_file))
     bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=after))
@@ -300,14 +325,32 @@ def wait_for_trainer(server, session_name: str, logs: Path, resume_hint: str, po
     if server.has_session(session_name):
         server.kill_session(session_name)
     print(f"vf-rl: trainer exited with status {code} (logs: {logs / 'trainer.log'}, {logs / 'inference.log'})")
-    if code != 0:
-        server_exit = logs / "inference.exit"
-        status = server_exit.read_text().strip() if server_exit.is_file() else ""
-        if status.lstrip("-").isdigit() and int(status) not in (0, SIGINT_STATUS):
-            print(f"vf-rl: error: {exited_message(int(status), logs / 'inference.log')}", file=sys.stderr)
-        if code != SIGINT_STATUS:
-            print(f"vf-rl: resume from the last checkpoint with: {resume_hint}", file=sys.stderr)
+    if code not in (0, SIGINT_STATUS):
+        report_failure(logs, code, resume_hint)
     return code
+
+
+def report_failure(logs: Path, code: int, resume_hint: str) -> None:
+    """Why the run stopped, on stderr: the process that failed first (the inference server, when
+    it exited with an error before the trainer did; else the trainer) with its last log lines,
+    then how to go on: ``--resume`` when a checkpoint exists, else starting again."""
+    exit_file, server_exit = logs / "trainer.exit", logs / "inference.exit"
+    status = server_exit.read_text().strip() if server_exit.is_file() else ""
+    server_failed = status.lstrip("-").isdigit() and int(status) not in (0, SIGINT_STATUS)
+    if server_failed and server_exit.stat().st_mtime <= exit_file.stat().st_mtime:
+        print(f"vf-rl: error: {exited_message(int(status), logs / 'inference.log')}", file=sys.stderr)
+    else:
+        log = logs / "trainer.log"
+        lines = [line for line in (log.read_text(errors="replace").splitlines() if log.is_file() else [])
+                 if line.strip()][-8:]
+        print(f"vf-rl: error: the trainer failed (status {code}); the end of {log}:", file=sys.stderr)
+        for line in lines:
+            print(f"  {line[-300:]}", file=sys.stderr)
+    if any(logs.parent.glob("checkpoint-*")):
+        print(f"vf-rl: resume from the last checkpoint with: {resume_hint}", file=sys.stderr)
+    else:
+        print("vf-rl: no checkpoint was written yet: fix the cause and start the run again "
+              f"({resume_hint.removesuffix(' --resume')})", file=sys.stderr)
 
 
 def _env_text(env: dict[str, str]) -> str:

@@ -8,11 +8,14 @@ and code; the README seed's 0.7 is the odd one out).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import TrainingArguments
+
+from vf_rl.envs.environment import SamplingArgs
 
 from .fields import rl_fields
 from .rules import check_trainer_args, check_types, derive_defaults, rename_legacy_keys
@@ -153,14 +156,22 @@ class RLConfig(TrainingArguments):
         ``vllm_server_host:vllm_server_port``."""
         return list(self.vllm_server_urls or [f"http://{self.vllm_server_host}:{self.vllm_server_port}"])
 
-    def sampling_args(self) -> dict:
-        """OpenAI chat-completion arguments for rollouts (vLLM extras under ``extra_body``)."""
+    def sampling_args(self) -> SamplingArgs:
+        """OpenAI chat-completion arguments for rollouts (vLLM extras under ``extra_body``). The
+        keys the user did not set are marked as defaults, which an environment's own sampling
+        defaults replace (``envs.environment.merge_sampling_args``)."""
         extra = {"min_p": self.min_p, "repetition_penalty": self.repetition_penalty}
         if self.top_k is not None:
             extra["top_k"] = self.top_k
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
-                "extra_body": extra}
+        values = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                  "presence_penalty": self.presence_penalty, "frequency_penalty": self.frequency_penalty,
+                  "extra_body": extra}
+        given = getattr(self, "_given_keys", None)
+        if given is None:  # built some other way: every value counts as set
+            return SamplingArgs(values)
+        defaults = {k for k in values if k != "extra_body" and k not in given}
+        defaults |= {f"extra_body.{k}" for k in extra if k not in given}
+        return SamplingArgs(values, defaults)
 
 
 _dataclass_init = RLConfig.__init__
@@ -168,8 +179,12 @@ _dataclass_init = RLConfig.__init__
 
 @functools.wraps(_dataclass_init)
 def _init_with_legacy_keys(self, *args, **kwargs):
-    """The older key names (``rules.RENAMED_KEYS``, ``REFUSED_KEYS``) as in the TOML path."""
-    _dataclass_init(self, *args, **rename_legacy_keys(kwargs))
+    """The older key names (``rules.RENAMED_KEYS``, ``REFUSED_KEYS``) as in the TOML path; the
+    keys given are kept (``_given_keys``) so that ``sampling_args`` tells them from defaults."""
+    kwargs = rename_legacy_keys(kwargs)
+    names = [f.name for f in dataclasses.fields(RLConfig) if f.init]
+    self._given_keys = frozenset(names[:len(args)]) | frozenset(kwargs)
+    _dataclass_init(self, *args, **kwargs)
 
 
 RLConfig.__init__ = _init_with_legacy_keys

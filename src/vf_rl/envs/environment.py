@@ -55,6 +55,36 @@ class Rollout:
     error: str | None = None
 
 
+class SamplingArgs(dict):
+    """Chat-completion arguments that know which of their keys only hold a built-in default
+    (``defaults``: top-level names, and ``extra_body.<name>`` inside ``extra_body``): an
+    environment's own value replaces those, never the ones a user set."""
+
+    def __init__(self, values=(), defaults=()):
+        super().__init__(values)
+        self.defaults = frozenset(defaults)
+
+
+def merge_sampling_args(env: dict, given: dict) -> dict:
+    """An environment's sampling defaults ``env`` merged with the run's ``given`` arguments.
+
+    Precedence: what the user set > the environment's > vf-rl's built-in defaults (the keys
+    ``given.defaults`` names, :class:`SamplingArgs`); a plain dict ``given`` counts as all set by
+    the user. ``extra_body`` merges key by key the same way."""
+    defaults = getattr(given, "defaults", frozenset())
+
+    def layer(values: dict, keep) -> dict:
+        return {k: v for k, v in values.items() if keep(k)}
+
+    top = {**layer(given, lambda k: k != "extra_body" and k in defaults),
+           **layer(env, lambda k: k != "extra_body"),
+           **layer(given, lambda k: k != "extra_body" and k not in defaults)}
+    given_extra, env_extra = given.get("extra_body") or {}, env.get("extra_body") or {}
+    extra = {**layer(given_extra, lambda k: f"extra_body.{k}" in defaults), **env_extra,
+             **layer(given_extra, lambda k: f"extra_body.{k}" not in defaults)}
+    return {**top, **({"extra_body": extra} if extra else {})}
+
+
 def format_prompt(question: str, system_prompt: str | None = None,
                   few_shot: Messages | None = None) -> Messages:
     """Chat prompt: system prompt first, then few-shot example turns, then the question."""
@@ -77,7 +107,9 @@ class Environment:
         few_shot: example messages placed after the system prompt (verifiers' ``few_shot``).
         parser: used by reward functions (``parser=``) and ``parse_answer``.
         rubric: scores each rollout; ``rubric.parser`` defaults to ``parser``.
-        sampling_args: defaults merged under the trainer's sampling arguments.
+        sampling_args: the environment's sampling defaults (``max_tokens``, ``extra_body``...):
+            they replace vf-rl's built-in defaults but not what the user set
+            (:func:`merge_sampling_args`).
     """
 
     def __init__(self, dataset: Dataset | None = None, eval_dataset: Dataset | None = None,
@@ -182,7 +214,8 @@ class Environment:
         Args:
             rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``task``).
             sampling_args: OpenAI chat-completion arguments (``max_tokens``, ``temperature``,
-                ``top_p``, ``extra_body``...), merged over the environment's defaults.
+                ``top_p``, ``extra_body``...), merged with the environment's defaults
+                (:func:`merge_sampling_args`).
             timeout: seconds allowed for the whole call (``None``: unlimited); rollouts not
                 finished by then are errors.
             on_done: called with each rollout as it finishes (progress display).
@@ -190,7 +223,7 @@ class Environment:
             ``len(rows) * rollouts_per_example`` rollouts, grouped: rollouts of row ``i``
             are at ``[i*r, (i+1)*r)``.
         """
-        args = {**self.sampling_args, **sampling_args}
+        args = merge_sampling_args(self.sampling_args, sampling_args)
         semaphore = asyncio.Semaphore(max_concurrent)
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         rollouts = [

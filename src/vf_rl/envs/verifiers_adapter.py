@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .environment import Rollout, Turn
+from .environment import Rollout, Turn, merge_sampling_args
 
 logger = logging.getLogger(__name__)
 
@@ -411,7 +411,7 @@ class VerifiersEnvironment(GroupRunner):
         return rollout
 
     def _start(self, client, model: str, sampling_args: dict) -> tuple:
-        return self._client(client), model, self._sampling({**self.sampling_args, **sampling_args})
+        return self._client(client), model, self._sampling(merge_sampling_args(self.sampling_args, sampling_args))
 
     async def _run_group(self, context: tuple, row: dict, index: int, r: int) -> list[Rollout]:
         """One ``env.run_group`` of ``r`` copies of ``row``, trajectories included."""

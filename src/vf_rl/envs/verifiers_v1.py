@@ -43,7 +43,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .environment import Rollout, Turn
+from .environment import Rollout, Turn, merge_sampling_args
 from .verifiers_adapter import (
     GroupRunner,
     VerifiersError,
@@ -341,7 +341,7 @@ class VerifiersV1Environment(GroupRunner):
     async def _start(self, client, model: str, sampling_args: dict):
         """The ``vf.ModelContext`` of one ``generate``: vf-vllm through verifiers' train client."""
         vf = import_v1()
-        sampling = {k: v for k, v in {**self.sampling_args, **sampling_args}.items()
+        sampling = {k: v for k, v in merge_sampling_args(self.sampling_args, sampling_args).items()
                     if k not in ("logprobs", "top_logprobs", "n")}
         extra = {k: v for k, v in (sampling.pop("extra_body", None) or {}).items()
                  if k not in ("return_token_ids", "logprobs")}

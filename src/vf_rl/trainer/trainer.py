@@ -69,6 +69,22 @@ class _StepsDataset(torch.utils.data.Dataset):
         return {"step": i}
 
 
+def resolve_temperature(args: RLConfig, env: Environment) -> None:
+    """An environment's sampling temperature applies when the user set none, and then the
+    trainer's log-probs use it too (the importance ratio compares log-probs at one temperature).
+
+    Raises:
+        ValueError: the environments of a mixture ask for different temperatures."""
+    envs = list(getattr(env, "envs", {}).values()) or [env]
+    asked = {e.sampling_args["temperature"] for e in envs if "temperature" in (getattr(e, "sampling_args", None) or {})}
+    if not asked or "temperature" in getattr(args, "_given_keys", {"temperature"}):
+        return
+    if len(asked) > 1:
+        raise ValueError(f"the environments ask for different temperatures ({sorted(asked)}); set "
+                         "trainer.args.temperature")
+    args.temperature = asked.pop()
+
+
 class RLTrainer(Trainer):
     """Asynchronous RL trainer (one step off-policy) for vf-rl environments.
 
@@ -89,6 +105,7 @@ class RLTrainer(Trainer):
                  processing_class=None, loss_fn: LossFn | None = None, advantage_fn: AdvantageFn | None = None,
                  **kwargs):
         model_id = model if isinstance(model, str) else model.config._name_or_path
+        resolve_temperature(args, env)
         if isinstance(model, str):
             model = load_model(model, args)
         if args.gradient_checkpointing:
