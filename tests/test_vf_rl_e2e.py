@@ -38,6 +38,11 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
         assert 0.0 <= r["reward"] <= 1.0 and r["tokens/loss"] > 0 and "importance_ratio" in r and "loss" in r
     assert steps[1]["timing/sync_s"] > 0  # weights were pushed before batch 2 was generated
     assert "Step 2/2: reward=" in trainer_log
+    # a clean log: one line per progress update, no warning meant for developers
+    assert b"\r" not in (out / "logs" / "trainer.log").read_bytes()
+    assert any(line.startswith("Generating batch 1: ") for line in trainer_log.splitlines())
+    warnings = [line for line in trainer_log.splitlines() if "warning" in line.lower()]
+    assert not warnings, warnings
     assert "Step 1 samples" in trainer_log and "completion" in trainer_log  # the sample table
     assert "Application startup complete" in (out / "logs" / "inference.log").read_text()
     # the session is closed and the inference server stopped

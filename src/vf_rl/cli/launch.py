@@ -65,7 +65,10 @@ class PaneCommand:
         a subshell that survives Ctrl-C (``trap : INT``; ``tee -i``), so that the status is
         written and ``after`` runs when the command is interrupted too (an interactive bash
         drops the rest of a line whose command died of SIGINT)."""
-        line = f"{self.line()} 2>&1 | tee -i {shlex.quote(str(log))}; code=${{PIPESTATUS[0]}}"
+        # the log gets one line per progress update (a terminal's carriage returns become newlines);
+        # its writer ignores Ctrl-C as tee -i does, and is waited for before the status is written
+        line = (f"{self.line()} 2>&1 | tee -i >(trap '' INT; exec sed -u 's/\\r/\\n/g' > "
+                f"{shlex.quote(str(log))}); code=${{PIPESTATUS[0]}}; wait $!")
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
         return f"( trap : INT; {line}" + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\" )"
@@ -150,6 +153,8 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
     server_cpus, trainer_cpus = {}, {}
     if n_inf == 0 and n_train == 0 and node_rank == 0:  # both on this machine's CPU: split its cores as GPUs are
         server_cpus, trainer_cpus = cpu_side_env()
+    if n_train == 0 and "DS_ACCELERATOR" not in os.environ:  # DeepSpeed, when installed, says so at import
+        trainer_cpus["DS_ACCELERATOR"] = "cpu"
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
                                           **lora_env, **secret_env, **server_cpus},
                             [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,

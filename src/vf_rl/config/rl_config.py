@@ -118,6 +118,7 @@ class RLConfig(TrainingArguments):
     wandb: dict | None = field(default=None, metadata={"help": "[trainer.args.wandb] table: project, name (with report_to = \"wandb\")."})
     bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default on with CUDA, off on the CPU."})
     remove_unused_columns: bool = field(default=False, metadata={"help": "Kept False: batches are built by the orchestrator."})
+    dataloader_pin_memory: bool = field(default=False, metadata={"help": "Kept False: the trainer's data loader only counts steps (batches come from the orchestrator)."})
 
     def __post_init__(self):
         import dataclasses
