@@ -243,6 +243,7 @@ class Clock(TrainerCallback):
         if logs and "reward" in logs and "eval_reward" not in logs:
             records.append({"step": state.global_step, "reward": logs["reward"], "unix_s": time.time(),
                             "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"]})
+            print("learning-record", json.dumps(records[-1]), flush=True)  # progress, kept in the side's log
 
 batch = opts["prompts"] * opts["rollouts"]
 on_gpu = opts["device"] == "gpu"
@@ -293,6 +294,7 @@ def evaluate(step):
     start = time.perf_counter()
     evals[step] = held_out_reward()
     clock["eval_s"] += time.perf_counter() - start
+    print("learning-eval", json.dumps({"step": step, "reward": evals[step]}), flush=True)
 
 evaluate(0)
 clock["eval_s"] = 0.0  # before on_train_begin: not on the clock anyway
@@ -340,9 +342,11 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     sampler = PeakSampler(opts.device == "gpu", marker=marker)
     launched = time.time()
     start = time.perf_counter()
+    log = trl_out / "trl.log"  # its progress (one "learning-record" line per step) survives a kill
     try:
-        result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str), marker],
-                                capture_output=True, text=True, env=env)
+        with log.open("w") as sink:
+            result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str), marker],
+                                    stdout=sink, stderr=subprocess.STDOUT, env=env)
     finally:
         if server is not None:
             os.killpg(server.pid, 15)
@@ -350,7 +354,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     wall = time.perf_counter() - start
     peak = sampler.stop()
     if result.returncode != 0:
-        raise RuntimeError(f"{side} failed ({result.returncode}): {result.stderr[-3000:]}")
+        raise RuntimeError(f"{side} failed ({result.returncode}): {log.read_text()[-3000:]}")
     data = json.loads((trl_out / "trl.json").read_text())
     records = data["records"]
     return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in records],

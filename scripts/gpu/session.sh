@@ -95,7 +95,8 @@ poll)
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f benchmarks/learning.py > /dev/null || break; sleep 1; done
   pgrep -f benchmarks/learning.py > /dev/null && echo "still running"
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
-  for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; done
+  for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
+    tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; done
   tail -n 25 /tmp/e2e/*.log
   ;;
 esac
