@@ -472,3 +472,16 @@ def test_older_key_names_map_to_the_current_ones(tmp_path):
     args = RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **old)
     assert (resolved["rollouts_per_example"], resolved["max_off_policy_steps"]) == (4, 2)
     assert (args.rollouts_per_example, args.max_off_policy_steps) == (4, 2)
+
+
+def test_env_id_may_name_a_submodule_and_a_factory(tmp_path):
+    """`[env] id = "package.module:function"` passes --dry-run, and [env.args] are checked against
+    that function's parameters."""
+    good = BASE.replace('id = "reverse-text"\n', 'id = "vf_rl.environments.reverse_text:load_environment"\n'
+                        '[env.args]\nfew_shot = 2\n')
+    path = tmp_path / "factory.toml"
+    path.write_text(good)
+    result = run(["@", str(path), "--dry-run"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    path.write_text(good.replace("few_shot = 2", "few_shots = 2"))
+    assert_one_line_error(run(["@", str(path), "--dry-run"], tmp_path), "env.args.few_shots", "did you mean 'few_shot'")

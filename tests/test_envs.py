@@ -14,6 +14,8 @@ def test_module_name_convention():
     assert module_name("primeintellect/reverse-text") == "reverse_text"
     assert module_name("reverse-text") == "reverse_text"
     assert module_name("kalomaze/alphabet-sort") == "alphabet_sort"
+    assert module_name("my_pkg.envs.math") == "my_pkg.envs.math"
+    assert module_name("my-pkg.envs:make_env") == "my_pkg.envs"
 
 
 def test_user_module_on_path_is_found_and_gets_env_args(tmp_path, monkeypatch):
@@ -33,7 +35,37 @@ def test_user_module_on_path_is_found_and_gets_env_args(tmp_path, monkeypatch):
 def test_unknown_environment_lists_builtins():
     with pytest.raises(ValueError, match="built-in environments: .*reverse-text"):
         load_environment("nobody/does-not-exist")
+    with pytest.raises(ValueError, match=r"install it \(prime env install nobody/does-not-exist\)"):
+        load_environment("nobody/does-not-exist")
+    with pytest.raises(ValueError, match=r"install it \(pip install no-such-env\)"):
+        load_environment("no-such-env")
     assert "reverse-text" in builtin_environments()
+
+
+def test_submodule_and_factory_ids(tmp_path, monkeypatch):
+    """A loader in a submodule (``package.module``) or a factory of another name
+    (``module:function``) is named directly, in training configs and vf-eval alike."""
+    package = tmp_path / "my_env_pkg"
+    (package / "envs").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "envs" / "__init__.py").write_text("")
+    (package / "envs" / "tiny.py").write_text(textwrap.dedent('''
+        from datasets import Dataset
+        import vf_rl as vf
+        def load_environment(n=2):
+            return vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": str(i)} for i in range(n)]))
+        def make_env(k: int = 1):
+            return vf.SingleTurnEnv(dataset=Dataset.from_list([{"question": "x"}] * k))
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert len(load_environment("my_env_pkg.envs.tiny", n=3).get_dataset()) == 3
+    assert len(load_environment("my_env_pkg.envs.tiny:make_env", k=4).get_dataset()) == 4
+    with pytest.raises(ValueError, match=r"has no function nope\(\)"):
+        load_environment("my_env_pkg.envs.tiny:nope")
+    with pytest.raises(ValueError, match=r"cannot be imported; is its package installed \(pip install other-pkg\)"):
+        load_environment("other_pkg.envs")
+    with pytest.raises(ValueError, match="expected a module name"):
+        load_environment("bad id:x y")
 
 
 def test_module_without_load_environment(tmp_path, monkeypatch):

@@ -207,7 +207,7 @@ def validate_env(config: "VfRlConfig") -> None:
     Raises:
         ConfigError: naming ``env.id`` or the ``env.args`` key.
     """
-    from vf_rl.envs.registry import import_environment_module, is_v1_plugin
+    from vf_rl.envs.registry import factory, import_environment_module, is_v1_plugin
 
     if not config.envs:
         raise ConfigError("env: [[env]] needs at least one table with an id")
@@ -220,7 +220,7 @@ def validate_env(config: "VfRlConfig") -> None:
         except Exception as exc:
             raise ConfigError(f"{where}.id: importing environment module for {entry.id!r} failed: "
                               f"{type(exc).__name__}: {exc}") from None
-        if is_v1_plugin(module):  # verifiers v1: [env.args] is verifiers' own [env] table
+        if ":" not in entry.id and is_v1_plugin(module):  # verifiers v1: [env.args] is verifiers' own [env] table
             from vf_rl.envs.verifiers_v1 import VerifiersError, plugin_config
 
             try:
@@ -228,7 +228,7 @@ def validate_env(config: "VfRlConfig") -> None:
             except VerifiersError as exc:
                 raise ConfigError(f"{where}.args: {exc}") from None
             continue
-        check_call_args(module.load_environment, entry.args, prefix=f"{where}.args.")
+        check_call_args(factory(module, entry.id), entry.args, prefix=f"{where}.args.")
 
 
 def load_config(path: str | Path) -> "VfRlConfig":

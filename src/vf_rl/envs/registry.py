@@ -19,12 +19,26 @@ def builtin_environments() -> list[str]:
 
 
 def module_name(env_id: str) -> str:
-    """``"primeintellect/reverse-text"`` -> ``"reverse_text"``: drop an ``owner/`` prefix, ``-`` -> ``_``."""
-    return env_id.rsplit("/", 1)[-1].replace("-", "_")
+    """The module an id names: ``"primeintellect/reverse-text"`` -> ``"reverse_text"`` (an
+    ``owner/`` prefix dropped, ``-`` -> ``_``, as verifiers maps an Environments Hub id to its
+    installed package); ``"my_pkg.envs.math"`` and ``"my_pkg.envs:make_env"`` keep their dotted
+    module path."""
+    return env_id.split(":", 1)[0].rsplit("/", 1)[-1].replace("-", "_")
+
+
+def factory_name(env_id: str) -> str:
+    """The function that builds the environment: ``"module:factory"`` names it, else
+    ``load_environment``."""
+    return env_id.split(":", 1)[1] if ":" in env_id else "load_environment"
+
+
+def factory(module, env_id: str):
+    """The environment-building function of an imported ``module`` for ``env_id``."""
+    return getattr(module, factory_name(env_id))
 
 
 def find_environment(env_id: str) -> tuple[str, str]:
-    """Where ``env_id``'s module comes from, without importing it. Precedence:
+    """Where ``env_id``'s module (:func:`module_name`) comes from, without importing it. Precedence:
 
     1. a module importable from ``sys.path``: an installed environment package (an
        Environments Hub environment is a Python package with ``load_environment``) or a
@@ -39,23 +53,29 @@ def find_environment(env_id: str) -> tuple[str, str]:
         ValueError: none of the three exists; the message lists what was tried and the built-ins.
     """
     name = module_name(env_id)
-    if not name.isidentifier():
-        raise ValueError(f"environment id {env_id!r}: {name!r} is not a Python module name")
+    if not all(part.isidentifier() for part in name.split(".")) or not factory_name(env_id).isidentifier():
+        raise ValueError(f"environment id {env_id!r}: expected a module name, 'package.module', 'owner/name' or "
+                         "'module:function'")
     try:
         if importlib.util.find_spec(name) is not None:
             return name, "sys.path"
     except (ImportError, ValueError):
         pass
     cwd = Path.cwd()
-    if (cwd / f"{name}.py").is_file() or (cwd / name / "__init__.py").is_file():
+    top = name.split(".")[0]
+    if (cwd / f"{name}.py").is_file() or (cwd / top / "__init__.py").is_file():
         return name, "cwd"
+    if "." in name:
+        raise ValueError(f"unknown environment {env_id!r}: module {name!r} cannot be imported; is its package "
+                         f"installed (pip install {top.replace('_', '-')})?")
     builtin = f"{BUILTIN_PACKAGE}.{name}"
     if importlib.util.find_spec(builtin) is not None:
         return builtin, "built-in"
+    install = f"prime env install {env_id}" if "/" in env_id else f"pip install {name.replace('_', '-')}"
     raise ValueError(
         f"unknown environment {env_id!r}: tried module {name!r} on sys.path (installed environment "
-        f"packages, PYTHONPATH), {name}.py in {cwd}, and built-in {builtin}; "
-        f"built-in environments: {', '.join(builtin_environments())}")
+        f"packages, PYTHONPATH), {name}.py in {cwd}, and built-in {builtin}; if it is a published environment, "
+        f"install it ({install}); built-in environments: {', '.join(builtin_environments())}")
 
 
 def import_environment_module(env_id: str):
@@ -80,7 +100,11 @@ def import_environment_module(env_id: str):
 
         raise ValueError(f"environment module {name!r} uses the classic verifiers API ({exc}), which verifiers "
                          f"{verifiers_version()} does not have: classic environments need verifiers {SUPPORTED}") from None
-    if not callable(getattr(module, "load_environment", None)) and not is_v1_plugin(module):
+    if ":" in env_id:
+        if not callable(getattr(module, factory_name(env_id), None)):
+            raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no function "
+                             f"{factory_name(env_id)}()")
+    elif not callable(getattr(module, "load_environment", None)) and not is_v1_plugin(module):
         raise ValueError(f"environment module {module.__name__!r} ({module.__file__}) has no load_environment() "
                          f"(nor exports a verifiers v1 Taskset in __all__)")
     return module
@@ -98,7 +122,8 @@ def is_v1_plugin(module) -> bool:
 
 def load_environment(env_id: str, **env_args):
     """Import the environment module named by ``env_id`` (see :func:`find_environment` for the
-    precedence) and call its ``load_environment(**env_args)``.
+    precedence) and call its ``load_environment(**env_args)``, or the function that
+    ``"module:function"`` names.
 
     A verifiers v1 plugin module (no ``load_environment``) is built by verifiers' own loader
     instead, ``env_args`` being verifiers' ``[env]`` table
@@ -115,11 +140,11 @@ def load_environment(env_id: str, **env_args):
             (``VerifiersError``, one line: unsupported version, a v1 feature vf-rl cannot train).
     """
     module = import_environment_module(env_id)
-    if is_v1_plugin(module):
+    if ":" not in env_id and is_v1_plugin(module):
         from .verifiers_v1 import load_plugin
 
         return load_plugin(module, **env_args)
-    env = module.load_environment(**env_args)
+    env = factory(module, env_id)(**env_args)
     from .verifiers_adapter import VerifiersEnvironment, verifiers_api
 
     api = verifiers_api(env)
