@@ -167,3 +167,33 @@ def test_auto_source_falls_back_fast_when_the_hub_is_unreachable(monkeypatch):
     env = load_environment("reverse-text")  # source="auto"
     assert len(env.get_dataset()) == 2000
     assert time.monotonic() - start < 15  # no datasets retry loop
+
+
+@pytest.mark.parametrize("column, value", [("prompt", "abc"), ("question", "abc"),
+                                           ("prompt", [{"role": "user", "content": "abc"}])])
+def test_every_prompt_shape_becomes_chat_messages(column, value):
+    """A plain-string ``prompt`` (verifiers reads it as the question), ``question``, or ready
+    messages: rows train and evaluate as chat messages; a string gets the system prompt and
+    few-shot turns as a question does."""
+    from datasets import Dataset
+
+    few_shot = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+    env = SingleTurnEnv(dataset=Dataset.from_list([{column: value, "answer": "cba"}]), system_prompt="sys",
+                        few_shot=few_shot)
+    prompt = env.get_dataset()[0]["prompt"]
+    if isinstance(value, list):
+        assert prompt == value
+    else:
+        assert prompt == [{"role": "system", "content": "sys"}, *few_shot, {"role": "user", "content": "abc"}]
+
+
+def test_prompt_rows_take_string_prompts(model_dir):
+    """Rows an adapted environment hands over with a plain-string prompt are templated as one
+    user message (the trainer's prompt filter and batches)."""
+    from transformers import AutoTokenizer
+
+    from vf_rl.trainer.batching import prompt_rows
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    rows = prompt_rows([{"prompt": "reverse me", "answer": "em esrever"}], tokenizer, 512)
+    assert rows[0]["prompt"] == [{"role": "user", "content": "reverse me"}] and rows[0]["row_id"] == 0

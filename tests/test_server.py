@@ -326,3 +326,23 @@ def test_history_past_the_context_ends_the_rollout_as_truncated(server):
                                         {"max_tokens": 8, "temperature": 1.0}))
     for r in rollouts:
         assert r.error is None and r.is_truncated and len(r.turns) == 1
+
+
+def test_string_prompts_train_through_the_orchestrator(server, tokenizer):
+    """An environment whose rows have plain-string prompts generates a normal training batch."""
+    from datasets import Dataset
+
+    from vf_rl.envs import SingleTurnEnv
+    from vf_rl.trainer.batching import prompt_rows
+
+    env = SingleTurnEnv(dataset=Dataset.from_list([{"prompt": "Say hello.", "answer": ""},
+                                                   {"prompt": "Say bye.", "answer": ""}]))
+    rows = prompt_rows(env.get_dataset(), tokenizer, 512)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4,
+                        rollouts_per_example=2, sampling_args={"max_tokens": 6}, max_seq_len=256)
+    try:
+        batch = orch.wait(0)
+    finally:
+        orch.close()
+    assert not any(r.error for r in batch.rollouts) and len(batch.samples) == 4
+    assert batch.rollouts[0].prompt == [{"role": "user", "content": "Say hello."}]

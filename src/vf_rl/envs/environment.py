@@ -85,6 +85,14 @@ def merge_sampling_args(env: dict, given: dict) -> dict:
     return {**top, **({"extra_body": extra} if extra else {})}
 
 
+def prompt_messages(prompt: str | Messages) -> Messages:
+    """A row's ``prompt`` as chat messages: a plain string is one user message (as verifiers
+    reads it), a message list is copied."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(m) for m in prompt]
+
+
 def format_prompt(question: str, system_prompt: str | None = None,
                   few_shot: Messages | None = None) -> Messages:
     """Chat prompt: system prompt first, then few-shot example turns, then the question."""
@@ -129,6 +137,10 @@ class Environment:
         self.eval_dataset = self._format(eval_dataset) if eval_dataset is not None else None
 
     def _format(self, dataset: Dataset) -> Dataset:
+        if "prompt" in dataset.column_names and len(dataset) and isinstance(dataset[0]["prompt"], str):
+            sp, fs = self.system_prompt, self.few_shot  # a string prompt is the question: messages around it
+            dataset = dataset.map(lambda row: {"prompt_messages": format_prompt(row["prompt"], sp, fs)})
+            dataset = dataset.remove_columns("prompt").rename_column("prompt_messages", "prompt")
         if "prompt" not in dataset.column_names:
             if "question" not in dataset.column_names:
                 raise ValueError(f"dataset needs a 'prompt' or 'question' column, has {dataset.column_names}")
@@ -227,7 +239,7 @@ class Environment:
         semaphore = asyncio.Semaphore(max_concurrent)
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
         rollouts = [
-            Rollout(example_id=i, prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer"),
+            Rollout(example_id=i, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
                     info=dict(row.get("info") or {}), task=row.get("task"))
             for i, row in enumerate(rows) for _ in range(rollouts_per_example)
         ]

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args
+from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Ro
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     rollouts = []
     for _ in range(r):
-        rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
+        rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]),
                           answer=row.get("answer"), task=row.get("task"))
         rollout.error = text
         rollouts.append(rollout)
@@ -370,13 +370,13 @@ class VerifiersEnvironment(GroupRunner):
         if isinstance(info, str):
             info = json.loads(info) if info.strip() else {}
         example_id = row.get("example_id")
-        return {"prompt": [dict(m) for m in row["prompt"]],
+        return {"prompt": prompt_messages(row["prompt"]),
                 "example_id": int(example_id) if isinstance(example_id, int) else index,
                 "answer": row.get("answer") or "", "info": info}
 
     def _to_rollout(self, output: dict, row: dict, index: int) -> Rollout:
         """One verifiers ``RolloutOutput`` -> a vf-rl :class:`Rollout` (one Turn per step)."""
-        rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]],
+        rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]),
                           answer=row.get("answer"), info=dict(self._input(row, index)["info"]),
                           task=row.get("task"))
         rollout.completion = _plain(output.get("completion") or [])

@@ -43,7 +43,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args
+from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
 from .verifiers_adapter import (
     GroupRunner,
     VerifiersError,
@@ -386,7 +386,7 @@ class VerifiersV1Environment(GroupRunner):
 
     def _to_rollout(self, episode, row: dict, index: int) -> Rollout:
         """One v1 ``Episode`` -> a vf-rl :class:`Rollout` (its one trainable trace)."""
-        rollout = Rollout(example_id=index, prompt=[dict(m) for m in row["prompt"]], answer=row.get("answer"),
+        rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
                           info=dict(row.get("info") or {}), task=row.get("task"))
         traces = [t for t in episode.traces if getattr(t.agent, "trainable", True)]
         error = None

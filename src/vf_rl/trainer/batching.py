@@ -40,8 +40,11 @@ def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | Non
     fits ``max_prompt_len`` tokens, each with its dataset index as ``row_id``; shuffled once by
     ``shuffle_seed`` unless it is ``None``. Batch ``n`` takes the ``n``-th slice of this list
     (``orchestrator.batch_rows``), so the rows of every step follow from the dataset and the seed."""
+    from vf_rl.envs.environment import prompt_messages
+
     rows = []
     for i, row in enumerate(dataset):
+        row = {**row, "prompt": prompt_messages(row["prompt"])}  # a plain-string prompt is one user message
         ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
         if len(ids) <= max_prompt_len:
             rows.append({**row, "row_id": i})
