@@ -68,8 +68,11 @@ def test_environment_max_tokens_applies_against_the_server(server):
 
     env = SingleTurnEnv(dataset=Dataset.from_list([{"question": "Write a long story about a cat.", "answer": ""}]),
                         sampling_args={"max_tokens": 3})
-    client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+    async def generate(sampling_args):
+        client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")  # one per event loop
+        return await env.generate(client, server.model, [env.get_dataset()[0]], 4, sampling_args)
+
     for given, limit in ((args(), 3), (args(max_tokens=6), 6)):
-        rollouts = asyncio.run(env.generate(client, server.model, [env.get_dataset()[0]], 4, given.sampling_args()))
-        assert all(r.error is None for r in rollouts)
+        rollouts = asyncio.run(generate(given.sampling_args()))
+        assert all(r.error is None for r in rollouts), [r.error for r in rollouts]
         assert max(len(r.turns[0].completion_ids) for r in rollouts) == limit
