@@ -6,20 +6,17 @@ import contextlib
 import pytest
 import torch
 
+from vf_rl.trainer.attention import ATTN_IMPLEMENTATION, register_attention
 from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
+from vf_rl.trainer.logprobs import chunked_logprobs, packed_policy_logprobs, padded_policy_logprobs
 from vf_rl.trainer.loss import policy_logprobs, selective_logprobs
 from vf_rl.trainer.packing import (
-    ATTN_IMPLEMENTATION,
-    chunked_logprobs,
     default_token_budget,
     pack_for_rank,
     pack_samples,
     packed_micro_batch,
-    packed_policy_logprobs,
     padded_micro_batch,
-    padded_policy_logprobs,
     plan_micro_batches,
-    register_attention,
     should_pack,
 )
 
@@ -113,7 +110,7 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     mb = packed_micro_batch(samples, share_prompts)
     assert mb["tokens"] == (9 + 4 + 6 + 2 + 7 + 5 + 3 if share_prompts else sum(len(s.input_ids) for s in samples))
     smol.zero_grad()
-    import vf_rl.trainer.packing as packing
+    import vf_rl.trainer.logprobs as packing
 
     old = packing.LOGPROB_CHUNK_BYTES
     packing.LOGPROB_CHUNK_BYTES = 3 * 4 * smol.config.vocab_size
@@ -257,7 +254,7 @@ def test_triton_row_kernels_match_the_torch_rows(tmp_path):
     script = tmp_path / "check.py"
     script.write_text('''
 import torch
-import vf_rl.trainer.packing as P
+import vf_rl.trainer.logprobs as P
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
     for keep, frozen in ((True, False), (False, False), (False, True)):

@@ -36,7 +36,7 @@ def apply_liger(model: PreTrainedModel, args: RLConfig) -> bool:
         return False
     from liger_kernel.transformers import _apply_liger_kernel_to_instance
 
-    # the loss never asks the model for a cross-entropy: vf-rl computes log-probs itself (packing.py, loss.py)
+    # the loss never asks the model for a cross-entropy: vf-rl computes log-probs itself (logprobs.py, loss.py)
     _apply_liger_kernel_to_instance(model=model, cross_entropy=False, fused_linear_cross_entropy=False)
     return True
 

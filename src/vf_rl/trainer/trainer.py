@@ -43,13 +43,15 @@ from vf_rl.metrics import env_metrics, rollout_metrics
 
 from . import display
 from .advantage import AdvantageFn, get_advantage
+from .attention import register_attention
 from .batching import first_trained_position, micro_batches, prompt_rows, shard
 from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating, truncate_jsonl
 from .filtering import DifficultyFilter
+from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
-from .packing import micro_batch_logprobs, plan_micro_batches, register_attention, to_device
+from .packing import plan_micro_batches, to_device
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
 from .weights import gathered_weights
@@ -112,7 +114,7 @@ class RLTrainer(Trainer):
             model.config.use_cache = False
             if args.gradient_checkpointing_kwargs is None:  # non-reentrant: works with frozen inputs (LoRA)
                 args.gradient_checkpointing_kwargs = {"use_reentrant": False}
-        if args.padding_free:  # packed rows need per-sample attention (packing.py); other forwards: sdpa
+        if args.padding_free:  # packed rows need per-sample attention (attention.py); other forwards: sdpa
             model.set_attn_implementation(register_attention())
         tokenizer = processing_class or AutoTokenizer.from_pretrained(model_id)
         if tokenizer.pad_token_id is None:
