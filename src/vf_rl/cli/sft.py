@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vf_rl.config.schema import ConfigError, parse_at_args
+from vf_rl.config.schema import ConfigError, parse_at_args, read_toml
 
 EXIT_BAD_INPUT = 2
 
@@ -60,17 +60,7 @@ def load_sft_config(path: Path) -> SftFile:
     Raises:
         ConfigError: one line naming the file and the key."""
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
-    try:
-        config = SftFile.model_validate(data)
+        config = SftFile.model_validate(read_toml(path))
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(part) for part in err["loc"]) or "(top level)"

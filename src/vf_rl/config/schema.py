@@ -231,6 +231,21 @@ def validate_env(config: "VfRlConfig") -> None:
         check_call_args(factory(module, entry.id), entry.args, prefix=f"{where}.args.")
 
 
+def read_toml(path: Path) -> dict:
+    """The TOML file at ``path`` as a dict.
+
+    Raises:
+        ConfigError: one line: the file is missing, not UTF-8 text, or not valid TOML."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text (UTF-8) file") from None
+
+
 def load_config(path: str | Path) -> "VfRlConfig":
     """Read and validate a vf-rl TOML file: schema, trainer and inference args, environment
     id and model path. Imports neither torch nor vLLM.
@@ -239,14 +254,7 @@ def load_config(path: str | Path) -> "VfRlConfig":
         ConfigError: one line naming the file and the key, and what was expected.
     """
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: TOML syntax error: {exc}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text (UTF-8) file") from None
+    data = read_toml(path)
     try:
         config = VfRlConfig.model_validate(data)
     except ValidationError as exc:
