@@ -79,3 +79,28 @@ def test_trl_side_names():
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "alphabet-sort"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "vf-rl side only" in out.stderr
+
+
+def test_stability_rule(tmp_path):
+    """scripts/stability.py: a reward that stays > 0.1 below its best for more than the window, or
+    an entropy under the floor, breaks the rule (exit 1); a steady climb keeps it (exit 0)."""
+    spec = importlib.util.spec_from_file_location("stability", REPO / "scripts" / "stability.py")
+    stability = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stability)
+    climb = [{"step": i, "reward": 0.1 + 0.002 * i, "entropy": 1.0} for i in range(1, 101)]
+    assert stability.verdict(climb, 0.1, 50, 0.2, 0)["holds"]
+    fall = [{**r, "reward": 0.05} if r["step"] > 40 else r for r in climb]
+    v = stability.verdict(fall, 0.1, 50, 0.2, 0)
+    assert not v["holds"] and v["longest_drop_steps"] == 60
+    sharp = [{**r, "entropy": 0.1} if r["step"] == 90 else r for r in climb]
+    v = stability.verdict(sharp, 0.1, 50, 0.2, 0)
+    assert not v["holds"] and (v["min_entropy"], v["min_entropy_step"]) == (0.1, 90)
+    for steps, code in ((climb, 0), (fall, 1)):
+        path = tmp_path / "metrics.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in steps))
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(path)], capture_output=True,
+                             text=True)
+        assert out.returncode == code, out.stderr
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(tmp_path / "none.jsonl")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "no such file" in out.stderr
