@@ -14,6 +14,7 @@
 #            (STEPS=10 EXTRA="--interleave": more steps, the sides' steps alternated)
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
+#   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   learning: benchmarks/learning.py (ENV, default reverse-text; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
@@ -83,6 +84,10 @@ graphs)
   ;;
 scale)
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run scale 450 python3 -m pytest -m gpu tests/test_gpu.py -k two_servers -s -q -p no:cacheprovider
+  ;;
+generation)
+  run generation 500 python3 benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" \
+    --json $OUT/generation.json
   ;;
 learning)
   name=learning-${ENV:-reverse-text}; mkdir -p /tmp/e2e && rm -rf /tmp/e2e/$name

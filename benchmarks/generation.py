@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""The rollout request path alone: seconds per batch of ``--prompts`` x ``--rollouts`` rollouts
+through the environment (``Orchestrator.run``, the trainer's own path and sampling arguments)
+against a vf-vllm server, under three conditions:
+
+- ``idle``: nothing else runs;
+- ``busy-thread``: one Python thread spins in this process (the trainer's Python beside the
+  rollout client);
+- ``gpu-load``: another process keeps the GPU busy with matrix products (GPU only).
+
+    python benchmarks/generation.py --serve --model ~/.cache/vf-rl/models/SmolLM2-135M-Instruct \\
+        --vllm-args "--enforce-eager --max-model-len 1024" --prompts 4 --max-tokens 24 --rounds 3   # CPU
+    python benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" \\
+        --json results/generation-h100.json                                      # GPU, 16 x 8, 128 tokens
+
+Prints per condition the median (min-max) seconds per batch after ``--warmup`` rounds and the
+completion tokens per second; ``--json`` writes them with the settings. The rows are
+reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+GPU_LOAD = ("import torch\nx = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
+            "while True:\n    x = (x @ x).clamp_(-1, 1)\n")
+
+
+class BusyThread:
+    """A Python thread that spins until stopped (holds the GIL as a training step's Python does)."""
+
+    def __init__(self):
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._spin, daemon=True)
+
+    def _spin(self):
+        n = 0
+        while not self._stop.is_set():
+            n = (n * 31 + 7) % 1000003
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class GpuLoad:
+    """Another process that keeps the GPU busy."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", GPU_LOAD], start_new_session=True)
+        time.sleep(5)
+        return self
+
+    def __exit__(self, *exc):
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def measure(orchestrator, rows: list[dict], rollouts: int, rounds: int, warmup: int) -> dict:
+    """Seconds per batch and completion tokens per second of ``rounds`` batches after ``warmup``."""
+    seconds, tokens = [], []
+    for i in range(warmup + rounds):
+        start = time.perf_counter()
+        batch = orchestrator.run(rows, rollouts)
+        elapsed = time.perf_counter() - start
+        errors = [r.error for r in batch if r.error]
+        if errors:
+            raise RuntimeError(f"{len(errors)} rollouts failed; first: {errors[0]}")
+        if i >= warmup:
+            seconds.append(elapsed)
+            tokens.append(sum(len(t.completion_ids) for r in batch for t in r.turns))
+    return {"s_per_batch": seconds, "median_s": statistics.median(seconds),
+            "tokens_per_s": statistics.fmean(t / s for t, s in zip(tokens, seconds)),
+            "tokens_per_batch": statistics.fmean(tokens)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="the served model (name or path)")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="a running vf-vllm (without --serve)")
+    p.add_argument("--serve", action="store_true", help="start a vf-vllm for --model and stop it afterwards")
+    p.add_argument("--vllm-args", default="", help="more vf-vllm flags with --serve")
+    p.add_argument("--env", default="reverse-text")
+    p.add_argument("--env-args", default='{"few_shot": 2, "source": "offline"}')
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--rollouts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--modes", default=None, help="default: idle,busy-thread (and gpu-load with a GPU)")
+    p.add_argument("--json", type=Path)
+    opts = p.parse_args(argv)
+    from transformers import AutoTokenizer
+
+    from vf_rl import RLConfig, load_environment
+    from vf_rl.cli.eval import start_server
+    from vf_rl.trainer.batching import prompt_rows
+    from vf_rl.trainer.orchestrator import Orchestrator
+
+    has_gpu = bool(shutil.which("nvidia-smi")) and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0
+    modes = (opts.modes or ("idle,busy-thread,gpu-load" if has_gpu else "idle,busy-thread")).split(",")
+    env = load_environment(opts.env, **json.loads(opts.env_args))
+    rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(opts.model), 512)[:opts.prompts]
+    args = RLConfig(output_dir=tempfile.mkdtemp(prefix="vf-rl-generation-"), use_cpu=not has_gpu, report_to="none",
+                    batch_size=opts.prompts * opts.rollouts, rollouts_per_example=opts.rollouts,
+                    micro_batch_size=opts.rollouts, max_tokens=opts.max_tokens, max_seq_len=opts.max_tokens + 512)
+    process, base_url = None, opts.base_url
+    if opts.serve:
+        log = Path(args.output_dir) / "vf-vllm.log"
+        process, base_url = start_server(opts.model, shlex.split(opts.vllm_args), log)
+    results = {}
+    try:
+        orchestrator = Orchestrator(env, rows, base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
+                                    rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(),
+                                    max_seq_len=args.max_seq_len)
+        try:
+            for mode in modes:
+                context = {"idle": None, "busy-thread": BusyThread, "gpu-load": GpuLoad}[mode]
+                if context is None:
+                    results[mode] = measure(orchestrator, rows, opts.rollouts, opts.rounds, opts.warmup)
+                else:
+                    with context():
+                        results[mode] = measure(orchestrator, rows, opts.rollouts, opts.rounds, opts.warmup)
+                r = results[mode]
+                print(f"{mode:12s} {r['median_s']:.2f} s per batch ({min(r['s_per_batch']):.2f}-"
+                      f"{max(r['s_per_batch']):.2f}), {r['tokens_per_s']:.0f} tokens/s, "
+                      f"{r['tokens_per_batch']:.0f} tokens per batch", flush=True)
+        finally:
+            orchestrator.close()
+    finally:
+        if process is not None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
+    if opts.json:
+        opts.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v
+                                                      for k, v in vars(opts).items()},
+                                         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                         "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
