@@ -104,3 +104,16 @@ def test_stability_rule(tmp_path):
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(tmp_path / "none.jsonl")],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "no such file" in out.stderr
+
+
+@pytest.mark.server
+def test_generation_probe_against_the_server(server, tmp_path):
+    """benchmarks/generation.py measures batches through the orchestrator against a real server."""
+    out = tmp_path / "gen.json"
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "generation.py"), "--model", server.model,
+                             "--base-url", f"{server.base_url}/v1", "--prompts", "2", "--rollouts", "2",
+                             "--max-tokens", "8", "--rounds", "1", "--warmup", "0", "--modes", "idle",
+                             "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    idle = json.loads(out.read_text())["results"]["idle"]
+    assert len(idle["s_per_batch"]) == 1 and idle["tokens_per_batch"] > 0 and "idle " in result.stdout
