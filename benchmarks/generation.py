@@ -1,7 +1,14 @@
 #!/usr/bin/env python
 """The rollout request path alone: seconds per batch of ``--prompts`` x ``--rollouts`` rollouts
 through the environment (``Orchestrator.run``, the trainer's own path and sampling arguments)
-against a vf-vllm server, under three conditions:
+against a vf-vllm server, for each request path of ``--paths``:
+
+- ``chat-thread``: one chat completion per rollout, the orchestrator a thread in this process;
+- ``group-thread``: one completion request per group (``envs/group_sampling.py``), a thread;
+- ``group-process``: one request per group, the orchestrator in its own process (the default
+  of ``vf-train``, ``trainer/orchestrator_process.py``);
+
+under three conditions:
 
 - ``idle``: nothing else runs;
 - ``busy-thread``: one Python thread spins in this process (the trainer's Python beside the
@@ -13,7 +20,7 @@ against a vf-vllm server, under three conditions:
     python benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" \\
         --json results/generation-h100.json                                      # GPU, 16 x 8, 128 tokens
 
-Prints per condition the median (min-max) seconds per batch after ``--warmup`` rounds and the
+Prints per path and condition the median (min-max) seconds per batch after ``--warmup`` rounds and the
 completion tokens per second; ``--json`` writes them with the settings. The rows are
 reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``).
 """
@@ -21,6 +28,7 @@ reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -32,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 from pathlib import Path
 
 GPU_LOAD = ("import torch\nx = torch.randn(8192, 8192, device='cuda', dtype=torch.bfloat16)\n"
@@ -104,14 +113,17 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--modes", default=None, help="default: idle,busy-thread (and gpu-load with a GPU)")
+    p.add_argument("--paths", default="chat-thread,group-thread,group-process")
     p.add_argument("--json", type=Path)
     opts = p.parse_args(argv)
     from transformers import AutoTokenizer
 
     from vf_rl import RLConfig, load_environment
     from vf_rl.cli.eval import start_server
+    from vf_rl.envs import Environment
     from vf_rl.trainer.batching import prompt_rows
     from vf_rl.trainer.orchestrator import Orchestrator
+    from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
 
     has_gpu = bool(shutil.which("nvidia-smi")) and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0
     modes = (opts.modes or ("idle,busy-thread,gpu-load" if has_gpu else "idle,busy-thread")).split(",")
@@ -125,24 +137,30 @@ def main(argv=None) -> int:
         log = Path(args.output_dir) / "vf-vllm.log"
         process, base_url = start_server(opts.model, shlex.split(opts.vllm_args), log)
     results = {}
+    options = dict(base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
+                   rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len)
     try:
-        orchestrator = Orchestrator(env, rows, base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
-                                    rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(),
-                                    max_seq_len=args.max_seq_len)
-        try:
-            for mode in modes:
-                context = {"idle": None, "busy-thread": BusyThread, "gpu-load": GpuLoad}[mode]
-                if context is None:
-                    results[mode] = measure(orchestrator, rows, opts.rollouts, opts.rounds, opts.warmup)
-                else:
-                    with context():
-                        results[mode] = measure(orchestrator, rows, opts.rollouts, opts.rounds, opts.warmup)
-                r = results[mode]
-                print(f"{mode:12s} {r['median_s']:.2f} s per batch ({min(r['s_per_batch']):.2f}-"
-                      f"{max(r['s_per_batch']):.2f}), {r['tokens_per_s']:.0f} tokens/s, "
-                      f"{r['tokens_per_batch']:.0f} tokens per batch", flush=True)
-        finally:
-            orchestrator.close()
+        for path in opts.paths.split(","):
+            if path == "group-process":
+                orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+            elif path in ("chat-thread", "group-thread"):
+                thread_env = load_environment(opts.env, **json.loads(opts.env_args))
+                if path == "chat-thread":  # the base class's path: one chat completion per rollout
+                    thread_env.generate = types.MethodType(Environment.generate, thread_env)
+                orchestrator = Orchestrator(thread_env, rows, **options)
+            else:
+                raise SystemExit(f"--paths: unknown path {path!r} (chat-thread, group-thread, group-process)")
+            try:
+                for mode in modes:
+                    context = {"idle": None, "busy-thread": BusyThread, "gpu-load": GpuLoad}[mode]
+                    with context() if context is not None else contextlib.nullcontext():
+                        r = results.setdefault(path, {})[mode] = measure(orchestrator, rows, opts.rollouts,
+                                                                          opts.rounds, opts.warmup)
+                    print(f"{path:13s} {mode:12s} {r['median_s']:.2f} s per batch ({min(r['s_per_batch']):.2f}-"
+                          f"{max(r['s_per_batch']):.2f}), {r['tokens_per_s']:.0f} tokens/s, "
+                          f"{r['tokens_per_batch']:.0f} tokens per batch", flush=True)
+            finally:
+                orchestrator.close()
     finally:
         if process is not None:
             os.killpg(process.pid, signal.SIGTERM)

@@ -115,5 +115,8 @@ def test_generation_probe_against_the_server(server, tmp_path):
                              "--max-tokens", "8", "--rounds", "1", "--warmup", "0", "--modes", "idle",
                              "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    idle = json.loads(out.read_text())["results"]["idle"]
-    assert len(idle["s_per_batch"]) == 1 and idle["tokens_per_batch"] > 0 and "idle " in result.stdout
+    results = json.loads(out.read_text())["results"]
+    assert set(results) == {"chat-thread", "group-thread", "group-process"}
+    for path, modes in results.items():
+        idle = modes["idle"]
+        assert len(idle["s_per_batch"]) == 1 and idle["tokens_per_batch"] > 0 and f"{path} " in result.stdout

@@ -284,8 +284,8 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
     assert [r["step"] for r in recorded] == [1, 2, 3]
     from transformers import AutoTokenizer
 
-    from vf_rl.cli.train import load_environments
     from vf_rl.config.schema import load_config
+    from vf_rl.envs.registry import load_environments
     from vf_rl.trainer.batching import prompt_rows
 
     cfg = load_config(config)

@@ -86,7 +86,7 @@ scale)
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run scale 450 python3 -m pytest -m gpu tests/test_gpu.py -k two_servers -s -q -p no:cacheprovider
   ;;
 generation)
-  run generation 500 python3 benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" \
+  run generation 540 python3 benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" --rounds ${ROUNDS:-3} \
     --json $OUT/generation.json
   ;;
 learning)

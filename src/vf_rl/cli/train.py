@@ -44,6 +44,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl import RLConfig, RLTrainer
+    from vf_rl.envs.registry import load_environments
 
     try:
         args = RLConfig(**config.trainer.args)
@@ -71,24 +72,6 @@ def _main(argv: list[str] | None) -> int:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
-
-
-def load_environments(entries, seed: int):
-    """The environment of one ``[env]`` table, or an ``EnvMixture`` of several ``[[env]]`` tables
-    (named by id; a repeated id gets ``#2``, ``#3``...)."""
-    from vf_rl import load_environment
-
-    envs, weights = {}, {}
-    for entry in entries:
-        print(f"Loading environment {entry.id}...", flush=True)
-        name = entry.id.split("/")[-1]
-        name = name if name not in envs else f"{name}#{sum(k.split('#')[0] == name for k in envs) + 1}"
-        envs[name], weights[name] = load_environment(entry.id, **entry.args), entry.weight
-    if len(envs) == 1:
-        return next(iter(envs.values()))
-    from vf_rl.envs.mixture import EnvMixture
-
-    return EnvMixture(envs, weights, seed)
 
 
 if __name__ == "__main__":

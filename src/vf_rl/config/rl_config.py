@@ -52,6 +52,7 @@ class RLConfig(TrainingArguments):
     max_seq_len: int = field(default=2048, metadata={"help": "Longest training sequence (prompt + completion), tokens."})
     max_prompt_len: int = field(default=512, metadata={"help": "Prompts longer than this (tokens) are filtered out."})
     max_concurrent: int = field(default=1024, metadata={"help": "Most rollouts in flight at once."})
+    orchestrator_process: bool = field(default=True, metadata={"help": "Generate rollouts in a separate process, so that the trainer's Python does not slow them (false: a thread in the trainer process; environments that cannot be sent to another process use the thread too)."})
     # Algorithm (trainer/loss.py, trainer/advantage.py)
     loss_type: str = field(default="cispo", metadata={"help": "Policy loss: \"cispo\" (CISPO with importance-ratio masking) or \"dapo\" (PPO/GRPO clipped surrogate with DAPO's clip-higher), or \"module:function\" for your own (see examples/custom_loss.py)."})
     advantage_type: str = field(default="group_mean", metadata={"help": "Advantage: \"group_mean\" (reward minus its group's mean) or \"group_mean_std\" (also divided by the group's std, GRPO), or \"module:function\"."})

@@ -204,19 +204,26 @@ class Environment:
                 left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
                 await asyncio.wait_for(self._rollout_and_score(client, model, rollout, sampling_args), left)
             except Exception as exc:  # kept as an error so that training goes on
-                if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-                    exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
-                rollout.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                rollout.reward = 0.0
+                set_error(rollout, exc)
         if on_done is not None:
             on_done(rollout)
         return rollout
 
     async def _rollout_and_score(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
         await self.rollout(client, model, rollout, sampling_args)
+        await self.score(rollout)
+
+    async def score(self, rollout: Rollout) -> None:
+        """Set ``rollout.reward`` and ``rollout.metrics`` with the rubric."""
         rollout.reward, rollout.metrics = await self.rubric.score(
             prompt=rollout.prompt, completion=rollout.completion, answer=rollout.answer,
             state=rollout.state, info=rollout.info, task=rollout.task)
+
+    def new_rollouts(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
+        """Empty rollouts, ``rollouts_per_example`` per row, grouped by row."""
+        return [Rollout(example_id=i, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
+                        info=dict(row.get("info") or {}), task=row.get("task"))
+                for i, row in enumerate(rows) for _ in range(rollouts_per_example)]
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
                        sampling_args: dict, max_concurrent: int = 1024,
@@ -238,17 +245,43 @@ class Environment:
         args = merge_sampling_args(self.sampling_args, sampling_args)
         semaphore = asyncio.Semaphore(max_concurrent)
         deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        rollouts = [
-            Rollout(example_id=i, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
-                    info=dict(row.get("info") or {}), task=row.get("task"))
-            for i, row in enumerate(rows) for _ in range(rollouts_per_example)
-        ]
+        rollouts = self.new_rollouts(rows, rollouts_per_example)
         return list(await asyncio.gather(
             *(self.run_rollout(client, model, r, args, semaphore, deadline, on_done) for r in rollouts)))
 
 
+def set_error(rollout: Rollout, exc: BaseException) -> None:
+    """Record ``exc`` as the rollout's error, with reward 0 (training goes on without it)."""
+    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
+        exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
+    rollout.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    rollout.reward = 0.0
+
+
 class SingleTurnEnv(Environment):
-    """One model response per rollout."""
+    """One model response per rollout.
+
+    The rollouts of one row are sampled with one request (``group_sampling.py``: one prefill,
+    ``n`` children) unless a subclass overrides ``rollout``, the sampling arguments have no
+    ``/v1/completions`` equivalent, or several rollouts per row are sampled greedily (vLLM takes
+    ``n > 1`` only when sampling); then each rollout is its own chat completion.
+    """
+
+    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
+                       sampling_args: dict, max_concurrent: int = 1024,
+                       timeout: float | None = None, on_done=None) -> list[Rollout]:
+        """As :meth:`Environment.generate`; ``max_concurrent`` rollouts in flight are
+        ``max_concurrent // rollouts_per_example`` group requests (at least one)."""
+        from .group_sampling import SingleTurnGroups, completion_args
+
+        split = completion_args(merge_sampling_args(self.sampling_args, sampling_args))
+        greedy_group = split is not None and rollouts_per_example > 1 and split[0].get("temperature") == 0
+        if split is None or greedy_group or type(self).rollout is not SingleTurnEnv.rollout:  # vLLM: greedy needs n = 1
+            return await super().generate(client, model, rows, rollouts_per_example, sampling_args, max_concurrent,
+                                          timeout, on_done)
+        cache = self.__dict__.setdefault("_prompt_ids", {}).setdefault(str(client.base_url), {})
+        return await SingleTurnGroups(self, *split, cache).generate(client, model, rows, rollouts_per_example,
+                                                                   sampling_args, max_concurrent, timeout, on_done)
 
     async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
         message, turn, truncated = await self.call_model(client, model, rollout.prompt, sampling_args)

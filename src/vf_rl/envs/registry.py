@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 import importlib.util
 import pkgutil
@@ -133,7 +135,9 @@ def load_environment(env_id: str, **env_args):
         a vf-rl :class:`Environment`; an environment of the real ``verifiers`` package comes
         back wrapped in :class:`~vf_rl.envs.verifiers_adapter.VerifiersEnvironment` (classic
         API) or :class:`~vf_rl.envs.verifiers_v1.VerifiersV1Environment` (v1 API), which have
-        the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface.
+        the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface. Its
+        ``recipe`` attribute is ``functools.partial(load_environment, env_id, **env_args)``:
+        what builds it again in another process (the orchestrator's).
     Raises:
         ValueError: no such module (the message lists what was tried), the module has no
             ``load_environment``, or it gave a ``verifiers`` environment vf-rl cannot train
@@ -143,15 +147,42 @@ def load_environment(env_id: str, **env_args):
     if ":" not in env_id and is_v1_plugin(module):
         from .verifiers_v1 import load_plugin
 
-        return load_plugin(module, **env_args)
-    env = factory(module, env_id)(**env_args)
-    from .verifiers_adapter import VerifiersEnvironment, verifiers_api
+        env = load_plugin(module, **env_args)
+    else:
+        env = factory(module, env_id)(**env_args)
+        from .verifiers_adapter import VerifiersEnvironment, verifiers_api
 
-    api = verifiers_api(env)
-    if api == "v1":
-        from .verifiers_v1 import VerifiersV1Environment
+        api = verifiers_api(env)
+        if api == "v1":
+            from .verifiers_v1 import VerifiersV1Environment
 
-        return VerifiersV1Environment(env)
-    if api is not None:
-        return VerifiersEnvironment(env)
+            env = VerifiersV1Environment(env)
+        elif api is not None:
+            env = VerifiersEnvironment(env)
+    with contextlib.suppress(AttributeError):  # an object that takes no attributes runs in the trainer's process
+        env.recipe = functools.partial(load_environment, env_id, **env_args)
     return env
+
+
+def load_environments(entries, seed: int):
+    """The environment of one ``[env]`` table, or an ``EnvMixture`` of several ``[[env]]`` tables
+    (named by id; a repeated id gets ``#2``, ``#3``...), with a ``recipe`` as
+    :func:`load_environment` gives.
+
+    Args:
+        entries: the config's ``envs`` (objects with ``id``, ``args``, ``weight``).
+        seed: the mixture's sampling seed.
+    """
+    envs, weights = {}, {}
+    for entry in entries:
+        print(f"Loading environment {entry.id}...", flush=True)
+        name = entry.id.split("/")[-1]
+        name = name if name not in envs else f"{name}#{sum(k.split('#')[0] == name for k in envs) + 1}"
+        envs[name], weights[name] = load_environment(entry.id, **entry.args), entry.weight
+    if len(envs) == 1:
+        return next(iter(envs.values()))
+    from .mixture import EnvMixture
+
+    mixture = EnvMixture(envs, weights, seed)
+    mixture.recipe = functools.partial(load_environments, entries, seed)
+    return mixture

@@ -16,8 +16,6 @@ one-line error.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import importlib.metadata
 import inspect
@@ -28,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
+from .group_sampling import GroupRunner
 
 logger = logging.getLogger(__name__)
 
@@ -211,85 +210,6 @@ def _error_text(error: Any) -> str | None:
     if isinstance(error, dict):
         return f"{error.get('error', 'Error')}: {error.get('message', '')}".rstrip(": ")
     return str(error)
-
-
-def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Rollout]:
-    """``r`` rollouts of ``row`` that all failed with ``exc`` (reward 0, no turns); a bare
-    ``asyncio.TimeoutError`` is reported as the ``generation_timeout`` it is."""
-    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-        exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    rollouts = []
-    for _ in range(r):
-        rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]),
-                          answer=row.get("answer"), task=row.get("task"))
-        rollout.error = text
-        rollouts.append(rollout)
-    return rollouts
-
-
-class GroupRunner:
-    """The ``generate`` of both adapters: every row's group of rollouts runs as one call of the
-    package (:meth:`_run_group`), a bounded number of groups at a time, all inside
-    :meth:`_serving`; a group that raises or runs past the deadline becomes error rollouts."""
-
-    def _start(self, client, model: str, sampling_args: dict) -> Any:
-        """Per-``generate`` context handed to :meth:`_run_group` (e.g. the package's client)."""
-        raise NotImplementedError
-
-    def _serving(self):
-        """An async context manager held around one ``generate`` (none by default)."""
-        return contextlib.nullcontext()
-
-    async def _run_group(self, context: Any, row: dict, index: int, r: int) -> list[Rollout]:
-        """``r`` rollouts of ``row`` (its position ``index`` in the call's rows)."""
-        raise NotImplementedError
-
-    async def _group(self, context: Any, row: dict, index: int, r: int, semaphore: asyncio.Semaphore,
-                     deadline: float | None, on_done) -> list[Rollout]:
-        """One :meth:`_run_group`; past ``deadline`` (the event loop's clock) or on any exception
-        every rollout of the group is an error with reward 0."""
-        async with semaphore:
-            try:
-                left = None if deadline is None else max(deadline - asyncio.get_running_loop().time(), 0.0)
-                rollouts = await asyncio.wait_for(self._run_group(context, row, index, r), left)
-            except Exception as exc:  # the whole group failed: errors, training goes on
-                rollouts = error_rollouts(row, index, r, exc)
-        if on_done is not None:
-            for rollout in rollouts:
-                on_done(rollout)
-        return rollouts
-
-    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
-                       sampling_args: dict, max_concurrent: int = 1024,
-                       timeout: float | None = None, on_done=None) -> list[Rollout]:
-        """Roll out every row ``rollouts_per_example`` times through the package's own group call.
-
-        Args:
-            client: vf-rl's ``openai.AsyncOpenAI`` for the vf-vllm server.
-            model: the served model name.
-            rows: dataset rows (dicts with ``prompt``, ``answer``, ``info``, ``example_id``).
-            sampling_args: chat-completion arguments, merged over the environment's own;
-                token ids and sampling log-probs are always requested.
-            max_concurrent: rollouts in flight at once (whole groups are started).
-            timeout: seconds allowed for the whole call (``None``: unlimited); groups not
-                finished by then are errors.
-            on_done: called with each rollout as its group finishes.
-        Returns:
-            ``len(rows) * rollouts_per_example`` rollouts grouped per row; each model call of a
-            rollout is one :class:`Turn` with vLLM's token ids and sampling log-probs. A
-            rollout whose rollout, reward function or group raised has ``error`` set and reward 0.
-        """
-        context = self._start(client, model, sampling_args)
-        if inspect.isawaitable(context):
-            context = await context
-        semaphore = asyncio.Semaphore(max(1, max_concurrent // max(1, rollouts_per_example)))
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        async with self._serving():
-            groups = await asyncio.gather(*(
-                self._group(context, row, i, rollouts_per_example, semaphore, deadline, on_done)
-                for i, row in enumerate(rows)))
-        return [rollout for group in groups for rollout in group]
 
 
 class VerifiersEnvironment(GroupRunner):

@@ -44,8 +44,8 @@ from types import ModuleType
 from typing import Any
 
 from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
+from .group_sampling import GroupRunner
 from .verifiers_adapter import (
-    GroupRunner,
     VerifiersError,
     _plain,
     check_supported,

@@ -61,6 +61,23 @@ def batch_rows(rows: list[dict], step: int, prompts_per_batch: int) -> list[dict
     return [rows[(start + i) % len(rows)] for i in range(prompts_per_batch)]
 
 
+def report_progress(future: Future, progress: Callable[[], int], total: int,
+                    on_progress: Callable[[int, int], None] | None) -> None:
+    """Until ``future`` is done, call ``on_progress(progress(), total)`` about once a second, and
+    once more at the end if it was called at all (a batch ready at once prints nothing)."""
+    waited = False
+    while on_progress is not None and not future.done():
+        try:
+            future.result(timeout=1.0)
+        except FutureTimeout:
+            on_progress(progress(), total)
+            waited = True
+        except Exception:
+            break  # the caller raises it
+    if waited:
+        on_progress(progress(), total)
+
+
 class Orchestrator:
     """Generates batches for the trainer in a background thread.
 
@@ -162,23 +179,17 @@ class Orchestrator:
         """
         self.submit(step)
         future = self._futures[step]
-        waited = False
-        while on_progress is not None and not future.done():
-            try:
-                future.result(timeout=1.0)
-            except FutureTimeout:
-                on_progress(self._done.get(step, 0), self.batch_size)
-                waited = True
-            except Exception:
-                break  # raised below
-        if waited:
-            on_progress(self._done.get(step, 0), self.batch_size)
+        report_progress(future, lambda: self.progress(step), self.batch_size, on_progress)
         del self._futures[step]
         try:
             return future.result(timeout=self.generation_timeout + 60)  # generate() itself stops at the timeout
         except FutureTimeout:
             raise TimeoutError(f"batch {step}: the environment did not return within generation_timeout "
                                f"({self.generation_timeout:.0f} s) + 60 s") from None
+
+    def progress(self, step: int) -> int:
+        """Rollouts of batch ``step`` finished so far."""
+        return self._done.get(step, 0)
 
     def wait_idle(self) -> None:
         """Block until no batch is being generated (results stay available to ``wait``)."""

@@ -51,6 +51,7 @@ from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
+from .orchestrator_process import OrchestratorProcess, env_source
 from .packing import plan_micro_batches, to_device
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
@@ -214,14 +215,22 @@ class RLTrainer(Trainer):
             self.weight_sync.push(self.accelerator.unwrap_model(self.model))
             model_name = LORA_NAME
         print(f"Weight sync: {kind}" + (" (auto)" if a.weight_sync == "auto" else ""), flush=True)
-        self.orchestrator = Orchestrator(
-            self.env, self._rows, base_url=[f"{server.base_url}/v1" for server in self.servers], model_name=model_name,
+        options = dict(
+            base_url=[f"{server.base_url}/v1" for server in self.servers], model_name=model_name,
             batch_size=a.batch_size, rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(),
             max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
             generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
             mask_truncated_completions=a.mask_truncated_completions,
             zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
             difficulty_filter=DifficultyFilter.from_args(a))
+        source = env_source(self.env, options) if a.orchestrator_process else None
+        if source is not None:
+            self.orchestrator = OrchestratorProcess(source, self._rows, **options)
+        else:
+            if a.orchestrator_process:
+                print("Orchestrator: a thread in the trainer process (the environment or the advantage function "
+                      "cannot be sent to another process)", flush=True)
+            self.orchestrator = Orchestrator(self.env, self._rows, **options)
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint

@@ -1,0 +1,204 @@
+"""The orchestrator in its own process, so that the trainer's Python does not slow the rollouts.
+
+A training step holds the trainer process's GIL most of the time (kernel launches, the
+optimizer, batching). An orchestrator thread in that process waits for it at every socket read
+and parse, and the rollout path is host-bound: one busy Python thread beside the rollout client
+more than doubled the seconds per batch on an H100 (``benchmarks/generation.py``). Here the
+:class:`~vf_rl.trainer.orchestrator.Orchestrator` runs in a process started with ``spawn``
+(a ``multiprocessing`` manager: each call from the trainer is a request to that process), with
+the same methods. The environment is rebuilt there from the recipe ``load_environment`` gives it
+(``env.recipe``), or unpickled when it has none.
+
+The weight-sync gate stays in the trainer: a batch submitted ``after`` a weight push is sent
+to the process only once the push is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from multiprocessing.managers import BaseManager
+from typing import Callable
+
+from vf_rl.envs import Environment, Rollout
+
+from .orchestrator import Batch, Orchestrator, report_progress
+
+
+def env_source(env: Environment, options: dict | None = None):
+    """What rebuilds ``env`` in another process: its ``recipe`` (a picklable zero-argument
+    callable that ``load_environment`` attaches), else ``env`` itself if it pickles; ``None``
+    when neither, or when the orchestrator's ``options`` do not pickle (an advantage function
+    defined in ``__main__`` or a lambda): the orchestrator then stays a thread in the trainer."""
+    source = getattr(env, "recipe", None) or env
+    return source if _pickles(source) and _pickles(options) else None
+
+
+def portable(rollouts: list[Rollout]) -> list[Rollout]:
+    """``rollouts`` with each ``state`` cut to the entries that pickle (an environment may keep
+    live objects there: clients, sandboxes), so that they can be sent to the trainer."""
+    for rollout in rollouts:
+        try:
+            pickle.dumps(rollout.state)
+        except Exception:
+            rollout.state = {k: v for k, v in rollout.state.items() if _pickles(v)}
+    return rollouts
+
+
+def _pickles(value) -> bool:
+    try:
+        pickle.dumps(value)
+        return True
+    except Exception:
+        return False
+
+
+def _exit_with(parent: int) -> None:
+    """Exit this process once ``parent`` (the trainer) is gone, even if it was killed."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
+class HostedOrchestrator:
+    """The orchestrator as its process holds it; every method is called from the trainer."""
+
+    def __init__(self, source, rows: list[dict], kwargs: dict):
+        env = source if isinstance(source, Environment) else source()
+        self.orchestrator = Orchestrator(env, rows, **kwargs)
+
+    def submit(self, step: int, policy_step: int | None) -> None:
+        self.orchestrator.submit(step, policy_step)
+
+    def submitted(self, step: int) -> bool:
+        return self.orchestrator.submitted(step)
+
+    def wait(self, step: int) -> Batch:
+        batch = self.orchestrator.wait(step)
+        batch.rollouts = portable(batch.rollouts)
+        return batch
+
+    def progress(self, step: int) -> int:
+        return self.orchestrator.progress(step)
+
+    def wait_idle(self) -> None:
+        self.orchestrator.wait_idle()
+
+    def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
+        return portable(self.orchestrator.run(rows, rollouts_per_example))
+
+    def set_active(self, servers: list[int]) -> None:
+        self.orchestrator.set_active(servers)
+
+    def close(self) -> None:
+        self.orchestrator.close()
+
+
+_hosted: HostedOrchestrator | BaseException | None = None
+
+
+def _build(source, rows: list[dict], kwargs: dict) -> None:
+    """The manager process's initializer, run in its main thread (environments may install signal
+    handlers, which only the main thread can): watch the trainer, build the orchestrator, keep
+    it, or the error, for :func:`_get`."""
+    global _hosted
+    threading.Thread(target=_exit_with, args=(os.getppid(),), name="vf-rl-parent-watch", daemon=True).start()
+    try:
+        _hosted = HostedOrchestrator(source, rows, kwargs)
+    except BaseException as exc:  # raised to the trainer by _get, with this process's traceback
+        _hosted = exc
+
+
+def _get() -> HostedOrchestrator:
+    if isinstance(_hosted, BaseException):
+        raise _hosted
+    return _hosted
+
+
+class _Manager(BaseManager):
+    pass
+
+
+_Manager.register("HostedOrchestrator", _get, exposed=("submit", "submitted", "wait", "progress", "wait_idle", "run",
+                                                       "set_active", "close"))
+
+
+class OrchestratorProcess:
+    """:class:`~vf_rl.trainer.orchestrator.Orchestrator`'s interface, served by another process.
+
+    Args:
+        source: from :func:`env_source` (not ``None``).
+        rows: training rows, as for ``Orchestrator``.
+        **kwargs: ``Orchestrator``'s keyword arguments (all picklable: the advantage function
+            and difficulty filter are sent by reference).
+    Raises:
+        RuntimeError: the process could not be started or could not build the orchestrator
+            (the environment failed to load there); the message names the cause.
+    """
+
+    def __init__(self, source, rows: list[dict], **kwargs):
+        self.batch_size = kwargs["batch_size"]
+        self._manager = _Manager(ctx=multiprocessing.get_context("spawn"))
+        self._manager.start(_build, (source, rows, kwargs))
+        try:
+            self._remote = self._manager.HostedOrchestrator()
+        except Exception as exc:
+            self._manager.shutdown()
+            raise RuntimeError(f"the orchestrator process could not start: {type(exc).__name__}: {exc}") from exc
+        self._gates: dict[int, threading.Thread] = {}  # batches waiting for a weight push before they are sent
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="vf-rl-orchestrator-wait")
+
+    def set_active(self, servers) -> None:
+        """As ``Orchestrator.set_active``."""
+        self._remote.set_active(sorted(servers))
+
+    def submitted(self, step: int) -> bool:
+        """As ``Orchestrator.submitted``."""
+        return step in self._gates or self._remote.submitted(step)
+
+    def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
+        """As ``Orchestrator.submit``: with a pending ``after``, the batch is sent to the
+        orchestrator's process when ``after`` is done."""
+        if after is None or after.done():
+            self._remote.submit(step, policy_step)
+        elif step not in self._gates:
+            def release():
+                wait_futures([after])
+                with contextlib.suppress(Exception):  # closed meanwhile; else wait() submits it
+                    self._remote.submit(step, policy_step)
+
+            self._gates[step] = threading.Thread(target=release, name=f"vf-rl-gate-{step}", daemon=True)
+            self._gates[step].start()
+
+    def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> Batch:
+        """As ``Orchestrator.wait`` (the same errors, raised here)."""
+        if (gate := self._gates.pop(step, None)) is not None:
+            gate.join()
+        future = self._waiter.submit(self._remote.wait, step)
+        report_progress(future, lambda: self._remote.progress(step), self.batch_size, on_progress)
+        return future.result()
+
+    def wait_idle(self) -> None:
+        """As ``Orchestrator.wait_idle``."""
+        for gate in list(self._gates.values()):
+            gate.join()
+        self._remote.wait_idle()
+
+    def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
+        """As ``Orchestrator.run``."""
+        return self._remote.run(rows, rollouts_per_example)
+
+    def close(self) -> None:
+        """Stop the orchestrator and its process."""
+        try:
+            self._remote.close()
+        except Exception:
+            pass  # the process is gone already
+        self._waiter.shutdown(wait=False, cancel_futures=True)
+        self._manager.shutdown()

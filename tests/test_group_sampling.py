@@ -1,0 +1,169 @@
+"""One request per group (envs/group_sampling.py) and the orchestrator in its own process
+(trainer/orchestrator_process.py), against the session's real vf-vllm server."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import threading
+from concurrent.futures import Future
+
+import pytest
+from datasets import Dataset
+from transformers import AutoTokenizer
+
+from vf_rl.envs import SingleTurnEnv, load_environment
+from vf_rl.envs.environment import Environment
+from vf_rl.envs.group_sampling import completion_args
+from vf_rl.inference.client import openai_client
+from vf_rl.trainer.batching import prompt_rows
+from vf_rl.trainer.orchestrator import batch_rows
+from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
+
+
+def reverse_text():
+    return load_environment("reverse-text", few_shot=2, source="offline")
+
+
+def generate(server, env, rows, n, sampling_args, path=None):
+    """``env.generate`` (or ``path``, an unbound ``generate``) against the server, on a fresh loop."""
+    async def go():
+        client = openai_client(f"{server.base_url}/v1", "x", 300)
+        try:
+            return await (path or type(env).generate)(env, client, server.model, rows, n, sampling_args)
+        finally:
+            await client.close()
+
+    return asyncio.run(go())
+
+
+def test_completion_args_split_and_refuse_chat_only_arguments():
+    args = {"max_completion_tokens": 9, "temperature": 0.7, "seed": 3,
+            "extra_body": {"top_k": 5, "min_p": 0.1, "chat_template_kwargs": {"enable_thinking": False}}}
+    completion, template = completion_args(args)
+    assert completion == {"max_tokens": 9, "temperature": 0.7, "seed": 3, "top_k": 5, "min_p": 0.1}
+    assert template == {"chat_template_kwargs": {"enable_thinking": False}}
+    assert completion_args({"max_tokens": 4, "tools": [{"type": "function"}]}) is None
+    assert completion_args({"max_tokens": 4, "response_format": {"type": "json_object"}}) is None
+
+
+@pytest.mark.server
+def test_group_request_matches_the_chat_path_token_for_token(server):
+    """Greedy, one rollout per row: the same prompt ids, completion ids, log-probs, text and reward
+    as one chat completion per rollout."""
+    env = reverse_text()
+    rows = [dict(r) for r in env.get_dataset().select(range(3))]
+    sampling = {"max_tokens": 20, "temperature": 0.0}
+    group = generate(server, env, rows, 1, sampling)
+    chat = generate(server, env, rows, 1, sampling, path=Environment.generate)
+    tokenizer = AutoTokenizer.from_pretrained(server.model)
+    for g, c, row in zip(group, chat, rows):
+        assert g.error is None and c.error is None, (g.error, c.error)
+        assert g.turns[0].prompt_ids == c.turns[0].prompt_ids == tokenizer.apply_chat_template(
+            row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
+        assert g.turns[0].completion_ids == c.turns[0].completion_ids
+        assert g.turns[0].completion_logprobs == pytest.approx(c.turns[0].completion_logprobs, abs=1e-3)
+        assert g.completion == c.completion and g.reward == c.reward and g.is_truncated == c.is_truncated
+
+
+@pytest.mark.server
+def test_group_request_samples_every_rollout_of_a_row(server):
+    """Four rollouts per row, seeded: four distinct samples per row (one seed per child, where
+    four seeded chat requests would all be the same), each with a log-prob per token, the
+    truncation flag set by max_tokens, and the rows in order."""
+    env = reverse_text()
+    rows = [dict(r) for r in env.get_dataset().select(range(2))]
+    rollouts = generate(server, env, rows, 4, {"max_tokens": 6, "temperature": 1.0, "seed": 11})
+    assert [r.example_id for r in rollouts] == [0, 0, 0, 0, 1, 1, 1, 1]
+    for i, row in enumerate(rows):
+        group = rollouts[4 * i:4 * i + 4]
+        assert all(r.error is None and r.prompt == row["prompt"] and r.answer == row["answer"] for r in group)
+        assert len({tuple(r.turns[0].completion_ids) for r in group}) > 1
+        for r in group:
+            turn = r.turns[0]
+            assert 0 < len(turn.completion_ids) == len(turn.completion_logprobs) <= 6
+            assert all(lp <= 0.0 for lp in turn.completion_logprobs)
+            assert r.is_truncated == (len(turn.completion_ids) == 6 and turn.completion_ids[-1] != 2)
+
+
+@pytest.mark.server
+def test_group_request_errors_fail_the_group_not_the_call(server):
+    """A request the server refuses (unknown model) makes every rollout of the group an error
+    with reward 0; generate still returns them."""
+    env = reverse_text()
+    rows = [dict(r) for r in env.get_dataset().select(range(2))]
+
+    async def go():
+        client = openai_client(f"{server.base_url}/v1", "x", 60)
+        try:
+            return await env.generate(client, "no-such-model", rows, 2, {"max_tokens": 4, "temperature": 1.0})
+        finally:
+            await client.close()
+
+    rollouts = asyncio.run(go())
+    assert len(rollouts) == 4 and all(r.error and r.reward == 0.0 for r in rollouts)
+
+
+@pytest.mark.server
+def test_an_overridden_rollout_keeps_one_request_per_rollout(server):
+    """A SingleTurnEnv subclass with its own ``rollout`` is called once per rollout."""
+    calls = []
+
+    class Counting(SingleTurnEnv):
+        async def rollout(self, client, model, rollout, sampling_args):
+            calls.append(rollout.example_id)
+            await super().rollout(client, model, rollout, sampling_args)
+
+    env = Counting(dataset=Dataset.from_list([{"question": "Say hi.", "answer": "hi"}]))
+    rollouts = generate(server, env, [env.get_dataset()[0]], 3, {"max_tokens": 4, "temperature": 1.0})
+    assert calls == [0, 0, 0] and all(r.error is None and r.turns for r in rollouts)
+
+
+def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
+    env = reverse_text()
+    source = env_source(env)
+    assert source is env.recipe and pickle.loads(pickle.dumps(source))().get_dataset()[0] == env.get_dataset()[0]
+
+    def reward(completion, **kwargs):  # a local function: pickles by reference, which fails
+        return 1.0
+
+    from vf_rl.envs import Rubric
+
+    local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
+    assert env_source(local) is None
+    assert env_source(env, {"advantage_fn": lambda rewards: rewards}) is None
+
+
+@pytest.mark.server
+def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
+    """The orchestrator in its own process: a batch submitted after a pending weight push is
+    generated only once the push is done, batches and evaluation rollouts come back with their
+    samples, and a batch whose every rollout failed raises here as in the thread."""
+    env = reverse_text()
+    rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(model_dir), 512)[:8]
+    options = dict(base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4, rollouts_per_example=2,
+                   sampling_args={"max_tokens": 6, "temperature": 1.0}, max_seq_len=600)
+    orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+    try:
+        orchestrator.submit(0)
+        push = Future()
+        orchestrator.submit(1, policy_step=0, after=push)
+        assert orchestrator.submitted(1) and not orchestrator._remote.submitted(1)
+        progress = []
+        batch = orchestrator.wait(0, on_progress=lambda done, total: progress.append((done, total)))
+        assert batch.step == 0 and len(batch.rollouts) == 4 and len(batch.samples) == 4
+        assert [r["row_id"] for r in batch_rows(rows, 0, 2)] == batch.row_ids
+        assert not orchestrator._remote.submitted(1)  # still waiting for the push
+        threading.Timer(0.5, push.set_result, (None,)).start()
+        batch = orchestrator.wait(1)
+        assert batch.step == 1 and batch.metrics["off_policy/staleness"] == 1.0
+        evaluated = orchestrator.run(rows[:1], 3)
+        assert len(evaluated) == 3 and all(r.error is None for r in evaluated)
+    finally:
+        orchestrator.close()
+    bad = OrchestratorProcess(env_source(env), rows, **{**options, "model_name": "no-such-model"})
+    try:
+        with pytest.raises(RuntimeError, match="every rollout of batch 0 failed"):
+            bad.wait(0)
+    finally:
+        bad.close()
