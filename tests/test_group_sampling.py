@@ -132,6 +132,39 @@ def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
     assert env_source(local) is None
     assert env_source(env, {"advantage_fn": lambda rewards: rewards}) is None
+    assert env_source(env, {"advantage_fn": pickle.loads}) is env.recipe  # importable: sent by reference
+
+
+SCRIPT = """
+import os, sys
+print("top level ran", flush=True)  # no main guard: spawn must not run this again
+from transformers import AutoTokenizer
+from vf_rl.envs import load_environment
+from vf_rl.trainer.batching import prompt_rows
+from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
+env = load_environment("reverse-text", few_shot=2, source="offline")
+rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(sys.argv[2]), 512)[:4]
+options = dict(base_url=sys.argv[1], model_name=sys.argv[2], batch_size=2, rollouts_per_example=2,
+               sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=600)
+orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+print("batch", len(orchestrator.wait(0).rollouts), flush=True)
+orchestrator.close()
+"""
+
+
+@pytest.mark.server
+def test_a_script_without_main_guard_runs_once(server, tmp_path):
+    """A user's training script with no ``if __name__ == "__main__":`` guard: the orchestrator's
+    process must not run the script's top level again."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    result = subprocess.run([sys.executable, str(script), f"{server.base_url}/v1", server.model],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("top level ran") == 1 and "batch 2" in result.stdout, result.stdout
 
 
 @pytest.mark.server

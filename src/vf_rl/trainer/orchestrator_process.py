@@ -19,6 +19,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,10 +35,33 @@ from .orchestrator import Batch, Orchestrator, report_progress
 def env_source(env: Environment, options: dict | None = None):
     """What rebuilds ``env`` in another process: its ``recipe`` (a picklable zero-argument
     callable that ``load_environment`` attaches), else ``env`` itself if it pickles; ``None``
-    when neither, or when the orchestrator's ``options`` do not pickle (an advantage function
-    defined in ``__main__`` or a lambda): the orchestrator then stays a thread in the trainer."""
+    when neither, or when it or the orchestrator's ``options`` do not pickle or name something
+    of ``__main__`` (a class or function of the running script, which the orchestrator's
+    process does not import): the orchestrator then stays a thread in the trainer."""
     source = getattr(env, "recipe", None) or env
-    return source if _pickles(source) and _pickles(options) else None
+    return source if _portable(source) and _portable(options) else None
+
+
+def _portable(value) -> bool:
+    try:
+        return b"__main__" not in pickle.dumps(value)
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def _main_script_hidden():
+    """While a process is spawned: hide the running script from ``multiprocessing``, which
+    would run its top level again in the new process (as ``__mp_main__``); a training script
+    without an ``if __name__ == "__main__":`` guard would start training there too. The
+    orchestrator's process needs nothing from ``__main__`` (:func:`env_source`)."""
+    main = sys.modules["__main__"]
+    saved = {name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__}
+    main.__dict__.update(dict.fromkeys(saved))
+    try:
+        yield
+    finally:
+        main.__dict__.update(saved)
 
 
 def portable(rollouts: list[Rollout]) -> list[Rollout]:
@@ -145,7 +169,8 @@ class OrchestratorProcess:
     def __init__(self, source, rows: list[dict], **kwargs):
         self.batch_size = kwargs["batch_size"]
         self._manager = _Manager(ctx=multiprocessing.get_context("spawn"))
-        self._manager.start(_build, (source, rows, kwargs))
+        with _main_script_hidden():
+            self._manager.start(_build, (source, rows, kwargs))
         try:
             self._remote = self._manager.HostedOrchestrator()
         except Exception as exc:

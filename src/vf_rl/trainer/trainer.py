@@ -228,8 +228,8 @@ class RLTrainer(Trainer):
             self.orchestrator = OrchestratorProcess(source, self._rows, **options)
         else:
             if a.orchestrator_process:
-                print("Orchestrator: a thread in the trainer process (the environment or the advantage function "
-                      "cannot be sent to another process)", flush=True)
+                print("Orchestrator: a thread in the trainer process (the environment or the advantage function is "
+                      "defined in the running script, or does not pickle)", flush=True)
             self.orchestrator = Orchestrator(self.env, self._rows, **options)
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
