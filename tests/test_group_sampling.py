@@ -17,8 +17,8 @@ from vf_rl.envs.environment import Environment
 from vf_rl.envs.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
 from vf_rl.trainer.batching import prompt_rows
-from vf_rl.trainer.orchestrator import batch_rows
-from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
+from vf_rl.trainer.orchestrator import Orchestrator, batch_rows
+from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source, start_orchestrator
 
 
 def reverse_text():
@@ -133,6 +133,25 @@ def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
     assert env_source(local) is None
     assert env_source(env, {"advantage_fn": lambda rewards: rewards}) is None
     assert env_source(env, {"advantage_fn": pickle.loads}) is env.recipe  # importable: sent by reference
+
+
+def test_start_orchestrator_falls_back_to_a_thread_and_says_why(capsys):
+    def reward(completion, **kwargs):
+        return 1.0
+
+    from vf_rl.envs import Rubric
+
+    local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
+    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,
+                   sampling_args={"max_tokens": 4}, max_seq_len=64)
+    orchestrator = start_orchestrator(local, [{"prompt": "q", "row_id": 0}], True, **options)
+    try:
+        assert isinstance(orchestrator, Orchestrator) and "a thread in the trainer process" in capsys.readouterr().out
+    finally:
+        orchestrator.close()
+    orchestrator = start_orchestrator(local, [{"prompt": "q", "row_id": 0}], False, **options)
+    orchestrator.close()
+    assert isinstance(orchestrator, Orchestrator) and capsys.readouterr().out == ""
 
 
 SCRIPT = """

@@ -227,3 +227,16 @@ class OrchestratorProcess:
             pass  # the process is gone already
         self._waiter.shutdown(wait=False, cancel_futures=True)
         self._manager.shutdown()
+
+
+def start_orchestrator(env: Environment, rows: list[dict], in_process: bool = True, **options):
+    """An :class:`OrchestratorProcess` when ``in_process`` and :func:`env_source` can send the
+    environment, else an :class:`~vf_rl.trainer.orchestrator.Orchestrator` thread (with a line
+    saying why, when a process was asked for). ``options``: ``Orchestrator``'s keyword arguments."""
+    source = env_source(env, options) if in_process else None
+    if source is not None:
+        return OrchestratorProcess(source, rows, **options)
+    if in_process:
+        print("Orchestrator: a thread in the trainer process (the environment or the advantage function is defined "
+              "in the running script, or does not pickle)", flush=True)
+    return Orchestrator(env, rows, **options)

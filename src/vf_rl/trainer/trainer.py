@@ -51,7 +51,7 @@ from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss, policy_logprobs
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
-from .orchestrator_process import OrchestratorProcess, env_source
+from .orchestrator_process import start_orchestrator
 from .packing import plan_micro_batches, to_device
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
@@ -223,14 +223,7 @@ class RLTrainer(Trainer):
             mask_truncated_completions=a.mask_truncated_completions,
             zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
             difficulty_filter=DifficultyFilter.from_args(a))
-        source = env_source(self.env, options) if a.orchestrator_process else None
-        if source is not None:
-            self.orchestrator = OrchestratorProcess(source, self._rows, **options)
-        else:
-            if a.orchestrator_process:
-                print("Orchestrator: a thread in the trainer process (the environment or the advantage function is "
-                      "defined in the running script, or does not pickle)", flush=True)
-            self.orchestrator = Orchestrator(self.env, self._rows, **options)
+        self.orchestrator = start_orchestrator(self.env, self._rows, a.orchestrator_process, **options)
 
     def _prepare_resume(self, checkpoint: str | bool) -> None:
         from transformers.trainer_utils import get_last_checkpoint
