@@ -39,10 +39,10 @@ def env_source(env: Environment, options: dict | None = None):
     of ``__main__`` (a class or function of the running script, which the orchestrator's
     process does not import): the orchestrator then stays a thread in the trainer."""
     source = getattr(env, "recipe", None) or env
-    return source if _portable(source) and _portable(options) else None
+    return source if _sendable(source) and _sendable(options) else None
 
 
-def _portable(value) -> bool:
+def _sendable(value) -> bool:
     try:
         return b"__main__" not in pickle.dumps(value)
     except Exception:
@@ -64,7 +64,7 @@ def _main_script_hidden():
         main.__dict__.update(saved)
 
 
-def portable(rollouts: list[Rollout]) -> list[Rollout]:
+def with_picklable_state(rollouts: list[Rollout]) -> list[Rollout]:
     """``rollouts`` with each ``state`` cut to the entries that pickle (an environment may keep
     live objects there: clients, sandboxes), so that they can be sent to the trainer."""
     for rollout in rollouts:
@@ -105,7 +105,7 @@ class HostedOrchestrator:
 
     def wait(self, step: int) -> Batch:
         batch = self.orchestrator.wait(step)
-        batch.rollouts = portable(batch.rollouts)
+        batch.rollouts = with_picklable_state(batch.rollouts)
         return batch
 
     def progress(self, step: int) -> int:
@@ -115,7 +115,7 @@ class HostedOrchestrator:
         self.orchestrator.wait_idle()
 
     def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
-        return portable(self.orchestrator.run(rows, rollouts_per_example))
+        return with_picklable_state(self.orchestrator.run(rows, rollouts_per_example))
 
     def set_active(self, servers: list[int]) -> None:
         self.orchestrator.set_active(servers)
