@@ -4,12 +4,13 @@
     python scripts/gen_config_table.py --check  # exit 1 if README.md is out of date
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from vf_rl.config.fields import MISSING, rl_fields
+from vf_rl.config.args import rl_fields
 from vf_rl.config.schema import EnvSection, InferenceSection, TrainerSection, VfRlConfig
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -21,13 +22,13 @@ def table() -> str:
     sections = [("", VfRlConfig), ("env.", EnvSection), ("inference.", InferenceSection), ("trainer.", TrainerSection)]
     for prefix, model in sections:
         for name, field in model.model_fields.items():
-            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-                continue  # a section itself
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel) or name == "resolved":
+                continue  # a section itself, or the marker of a resolved file
             default = "required" if field.is_required() else f"`{field.get_default(call_default_factory=True)!r}`"
             rows.append(f"| `{prefix}{name}` | {default} | {field.description or ''} |")
-    for spec in rl_fields().values():
-        default = "" if spec.default is MISSING else f"`{spec.default!r}`"
-        rows.append(f"| `trainer.args.{spec.name}` | {default} | {spec.help} |")
+    for name, spec in rl_fields().items():
+        default = "" if spec.default is dataclasses.MISSING else f"`{spec.default!r}`"
+        rows.append(f"| `trainer.args.{name}` | {default} | {' '.join(spec.metadata.get('help', '').split())} |")
     rows.append("| `trainer.args.*` | | any other `transformers.TrainingArguments` field |")
     return "\n".join(rows)
 

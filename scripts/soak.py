@@ -34,7 +34,7 @@ from pathlib import Path
 
 import tomli_w
 
-from vf_rl.config.schema import load_config, resolved_trainer_args, server_address
+from vf_rl.config.schema import load_config
 from vf_rl.inference.supervision import kill_tree
 
 
@@ -73,7 +73,7 @@ def expected_rows(config_path: Path) -> list[list]:
     from vf_rl.trainer.orchestrator import batch_rows
 
     config = load_config(config_path)
-    a = resolved_trainer_args(config)
+    a = config.trainer.args
     env = load_environment(config.env.id, **config.env.args)
     rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(config.model), a["max_prompt_len"],
                        a.get("seed", 42) if a["shuffle_dataset"] else None)
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         data["trainer"]["args"]["max_steps"] = opts.max_steps
     config = out / "soak.toml"
     config.write_text(tomli_w.dumps(data))
-    max_steps = resolved_trainer_args(load_config(config))["max_steps"]
-    _, port = server_address(load_config(config))
+    resolved = load_config(config)
+    max_steps = resolved.trainer.args["max_steps"]
+    _, port = resolved.server_address()
     session = f"vf-rl-soak-{port}"
     run_dir = out / "run"
     print(f"soak: {config} -> {run_dir}, {max_steps} steps, disturbing for {opts.minutes:.0f} min", flush=True)

@@ -97,14 +97,13 @@ def test_torch_compile_default_is_on_with_a_gpu():
     """Unset, ``torch_compile`` is on with a GPU unless DeepSpeed is used (LoRA and full weights:
     host-bound steps, where the compiled layers measured faster) and off on the CPU; a compile
     backend or mode turns it on; explicit values are kept; ``true`` with DeepSpeed is refused."""
-    from vf_rl.config.fields import MISSING, rl_fields
-    from vf_rl.config.rules import ConfigError, check_trainer_args, derive_defaults
+    from vf_rl.config.args import rl_fields
+    from vf_rl.config.rules import ConfigError, check_trainer_args, resolve_trainer_args
 
-    base = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
-    assert base["torch_compile"] is None
+    assert rl_fields()["torch_compile"].default is None
 
     def resolved(has_gpu, **keys):
-        return derive_defaults({**base, **keys}, has_gpu)["torch_compile"]
+        return resolve_trainer_args(keys, has_gpu)["torch_compile"]
 
     assert resolved(True) is True and resolved(True, use_lora=False) is True
     assert resolved(False) is False
@@ -112,4 +111,5 @@ def test_torch_compile_default_is_on_with_a_gpu():
     assert resolved(False, torch_compile_mode="max-autotune") is True
     assert resolved(True, torch_compile=False) is False and resolved(False, torch_compile=True) is True
     with pytest.raises(ConfigError, match="torch_compile = true is not supported with deepspeed"):
-        check_trainer_args({**base, "torch_compile": True, "deepspeed": "configs/deepspeed/zero3.json"}, 1, True)
+        check_trainer_args(resolve_trainer_args({"torch_compile": True, "deepspeed": "configs/deepspeed/zero3.json"},
+                                                True), 1, True)

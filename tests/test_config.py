@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vf_rl.config.fields import annotation_type, rl_fields, scheduler_types, trainer_fields
+from vf_rl.config.args import rl_fields
 
 BASE = '''model = "Qwen/Qwen3-4B-Instruct-2507"
 
@@ -269,24 +269,36 @@ name = "my-first-run"
     path.write_text(BASE + keys)
     result = run(["@", str(path), "--dry-run"], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "lora_target_modules = 'all-linear'" in result.stdout
-    assert "wandb = {'project': 'reverse-text-tutorial', 'name': 'my-first-run'}" in result.stdout
+    assert 'lora_target_modules = "all-linear"' in result.stdout
+    assert '[trainer.args.wandb]\nproject = "reverse-text-tutorial"\nname = "my-first-run"' in result.stdout
 
 
-def test_field_reader_matches_the_real_classes():
+def test_rl_config_is_rl_args_on_training_arguments():
+    """RLConfig's fields: TrainingArguments' and RLArgs', with RLArgs' defaults winning."""
     from transformers import TrainingArguments
 
     from vf_rl.config.rl_config import RLConfig
 
-    fields = trainer_fields()
     real = {f.name: f for f in dataclasses.fields(RLConfig) if f.init}
-    assert set(fields) == set(real)
+    assert set(real) >= {f.name for f in dataclasses.fields(TrainingArguments) if f.init} | set(rl_fields())
     for name, spec in rl_fields().items():
-        if real[name].default is not dataclasses.MISSING:
-            assert spec.default == real[name].default, name
-    assert "constant" in scheduler_types() and "cosine" in scheduler_types()
-    assert annotation_type(fields["max_tokens"].annotation) == int | None
+        assert real[name].default == spec.default, name
     assert set(rl_fields()) - {f.name for f in dataclasses.fields(TrainingArguments)} >= {"batch_size", "lora_rank"}
+
+
+def test_config_check_imports_transformers_only_for_keys_vf_rl_does_not_declare(tmp_path):
+    """Loading a config whose [trainer.args] are all vf-rl's keys imports neither torch nor
+    transformers; a TrainingArguments key (``seed``) is checked against transformers' class."""
+    path = tmp_path / "c.toml"
+    probe = ("import sys; from vf_rl.config.schema import load_config; load_config(sys.argv[1]); "
+             "print('transformers' in sys.modules, 'torch' in sys.modules)")
+    for extra, expected in (("", "False False"), ("seed = 3\n", "True True"), ("seeds = 3\n", None)):
+        path.write_text(BASE + extra)
+        result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=tmp_path)
+        if expected is None:
+            assert "unknown key 'trainer.args.seeds' (did you mean 'seed'?)" in result.stderr
+        else:
+            assert result.stdout.split() == expected.split(), result.stderr
 
 
 def test_documented_defaults():
@@ -294,10 +306,12 @@ def test_documented_defaults():
     from vf_rl.config.rl_config import RLConfig
 
     args = RLConfig(output_dir=None, report_to="none")
-    assert (args.lora_rank, args.lora_alpha, args.temperature) == (16, 16, 1.0)
+    assert (args.lora_rank, args.lora_alpha, args.temperature) == (16, 16, None)
     assert (args.rollouts_per_example, args.batch_size, args.micro_batch_size) == (16, 512, 8)
     assert args.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    assert args.output_dir == "outputs/vf-rl" and args.max_tokens == args.max_seq_len == 2048
+    assert args.output_dir == "outputs/vf-rl" and args.max_tokens is None
+    sampling = args.sampling_args()
+    assert (sampling["temperature"], sampling["max_tokens"], args.max_seq_len) == (1.0, 2048, 2048)
     assert args.gradient_accumulation_steps == 1
 
 
@@ -462,13 +476,13 @@ def test_older_key_names_map_to_the_current_ones(tmp_path):
     import tomli_w
 
     from vf_rl.config.rl_config import RLConfig
-    from vf_rl.config.schema import load_config, resolved_trainer_args
+    from vf_rl.config.schema import load_config
 
     old = {"batch_size": 8, "micro_batch_size": 2, "max_seq_len": 512, "num_generations": 4, "num_batches_ahead": 2}
     path = tmp_path / "old.toml"
     path.write_text(tomli_w.dumps({"model": "Qwen/Qwen3-4B-Instruct-2507", "env": {"id": "reverse-text"},
                                    "inference": {"gpus": 0}, "trainer": {"gpus": 0, "args": old}}))
-    resolved = resolved_trainer_args(load_config(path))
+    resolved = load_config(path).trainer.args
     args = RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **old)
     assert (resolved["rollouts_per_example"], resolved["max_off_policy_steps"]) == (4, 2)
     assert (args.rollouts_per_example, args.max_off_policy_steps) == (4, 2)

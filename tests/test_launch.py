@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from vf_rl.cli.launch import build_commands, gpus_needed, inference_flags, main
+from vf_rl.cli.launch import build_commands, gpus_needed, inference_flags, main, server_argv
 from vf_rl.config.schema import load_config
 
 MINIMAL = '''
@@ -46,7 +46,8 @@ def test_gpus_are_contiguous_and_data_parallel_is_derived(tmp_path):
     inference, trainer = build_commands(config, path, [str(i) for i in range(8)])
     assert inference.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert trainer.env["CUDA_VISIBLE_DEVICES"] == "4,5"
-    argv = inference.argv
+    assert inference.argv[-2:] == ["@", str(path)]  # vf-vllm reads the (resolved) config itself
+    argv = server_argv(config)
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
     assert argv[argv.index("--port") + 1] == "8123"  # the trainer's vllm_server_port
     assert argv[argv.index("--model") + 1] == "Qwen/Qwen3-4B-Instruct-2507"
@@ -71,7 +72,7 @@ def test_vllm_max_model_len_is_the_trainers_max_seq_len(tmp_path):
     the config's); a larger explicit value is kept (a smaller one is refused: test_config)."""
     def flag(extra, args=""):
         path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=extra) + args)
-        argv = build_commands(load_config(path), path, ["0", "1"])[0].argv
+        argv = server_argv(load_config(path))
         return argv[argv.index("--max-model-len") + 1]
 
     assert flag("") == "2048"
@@ -91,7 +92,7 @@ def test_dry_run_prints_commands_and_creates_nothing(tmp_path, monkeypatch):
     assert "[Inference] CUDA_VISIBLE_DEVICES=0" in result.stdout
     assert "[Trainer] CUDA_VISIBLE_DEVICES=1" in result.stdout
     assert "tmux session: my-session" in result.stdout
-    assert "run_name = 'alphabet-sort'" in result.stdout
+    assert 'run_name = "alphabet-sort"' in result.stdout and "# config" in result.stdout
     assert not (tmp_path / "outputs").exists() and not Path("outputs/alphabet-sort").exists()
 
 
@@ -156,7 +157,7 @@ def test_shared_gpu_mode_puts_both_sides_on_the_same_gpus(tmp_path):
     config = load_config(path)
     inference, trainer = build_commands(config, path, ["3"])
     assert inference.env["CUDA_VISIBLE_DEVICES"] == trainer.env["CUDA_VISIBLE_DEVICES"] == "3"
-    argv = inference.argv
+    argv = server_argv(config)
     assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.3"  # the trainer gets the rest
     assert gpus_needed(config) == 1
     # two trainer processes (DDP) on GPUs 0-1, the server on GPU 0; a configured fraction wins
@@ -165,22 +166,25 @@ def test_shared_gpu_mode_puts_both_sides_on_the_same_gpus(tmp_path):
     config = load_config(path)
     inference, trainer = build_commands(config, path, ["0", "1"])
     assert inference.env["CUDA_VISIBLE_DEVICES"] == "0" and trainer.env["CUDA_VISIBLE_DEVICES"] == "0,1"
-    assert inference.argv[inference.argv.index("--gpu-memory-utilization") + 1] == "0.2"
+    argv = server_argv(config)
+    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.2"
     assert gpus_needed(config) == 2
 
 
 def test_lora_weight_sync_starts_vllm_with_runtime_lora_loading(tmp_path):
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace(
         "vllm_server_port = 8123", 'vllm_server_port = 8123\nweight_sync = "lora"\nlora_rank = 12'))
-    inference, _ = build_commands(load_config(path), path, ["0", "1"])
-    argv = inference.argv
+    config = load_config(path)
+    inference, _ = build_commands(config, path, ["0", "1"])
+    argv = server_argv(config)
     assert "--enable-lora" in argv and argv[argv.index("--max-loras") + 1] == "1"
     assert argv[argv.index("--max-lora-rank") + 1] == "16"  # vLLM's next allowed rank above 12
     assert inference.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     # the merged-weight transports leave vLLM's LoRA support off
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""), "fs.toml")
-    inference, _ = build_commands(load_config(path), path, ["0", "1"])
-    assert "--enable-lora" not in inference.argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in inference.env
+    config = load_config(path)
+    inference, _ = build_commands(config, path, ["0", "1"])
+    assert "--enable-lora" not in server_argv(config) and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in inference.env
 
 
 def test_failure_report_names_who_failed_first_and_resumes_only_from_a_checkpoint(tmp_path, capsys):
@@ -210,3 +214,35 @@ def test_failure_report_names_who_failed_first_and_resumes_only_from_a_checkpoin
     err = capsys.readouterr().err
     assert "CUDA out of memory" in err and "ValueError" not in err
     assert "resume from the last checkpoint with: vf-rl @ c.toml --resume" in err
+
+
+def test_resolved_config_round_trips_through_its_file(tmp_path, monkeypatch):
+    """Every shipped config, resolved and written as resolved.toml, reads back to the same
+    values without being resolved again (its [resolved] table), with every derived value in it."""
+    from vf_rl.config.resolved_toml import write_resolved
+
+    monkeypatch.chdir(tmp_path)
+    configs = sorted((Path(__file__).resolve().parents[1] / "configs" / "vf-rl").glob("*.toml"))
+    for path in configs:
+        config = load_config(path)
+        assert config.resolved.source == str(path) and config.origins["trainer.args.output_dir"]
+        written = write_resolved(config)
+        assert written == config.output_dir / "resolved.toml" and not list(written.parent.glob(".resolved-*"))
+        again = load_config(written)
+        assert again.origins == {}  # read as it is, not resolved again
+        assert again.model_dump() == config.model_dump(), path.name
+        assert again.inference.args["max_model_len"] >= again.trainer.args["max_seq_len"]
+        for key in ("output_dir", "bf16", "torch_compile", "eval_on_start", "eval_rollouts_per_example"):
+            assert key in again.trainer.args, (path.name, key)
+
+
+def test_resolved_config_says_where_each_value_came_from(tmp_path):
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
+    config = load_config(path)
+    origins = config.origins
+    assert origins["trainer.args.vllm_server_port"] == "config"
+    assert origins["trainer.args.learning_rate"] == "default"
+    assert origins["trainer.args.output_dir"] == "derived: outputs/<run_name>"
+    assert origins["trainer.args.weight_sync"] == "default (for this layout: nccl)"
+    assert origins["inference.args.max_model_len"] == "derived: trainer.args.max_seq_len"
+    assert origins["inference.args.enforce_eager"] == "config"

@@ -11,7 +11,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from vf_rl.cli.launch import build_commands
+from vf_rl.cli.launch import build_commands, server_argv
 from vf_rl.config.schema import load_config
 from vf_rl.inference.routes import SECRET_HEADER, weight_sync_routes
 
@@ -83,9 +83,11 @@ gpus = 1
     assert len(secret) >= 32 and trainer.env["VF_RL_WEIGHT_SECRET"] == secret
     loopback = tmp_path / "l.toml"
     loopback.write_text(path.read_text().replace('host = "0.0.0.0"', ""))
-    inference, trainer = build_commands(load_config(loopback), loopback, ["0", "1"])
+    config = load_config(loopback)
+    inference, trainer = build_commands(config, loopback, ["0", "1"])
     assert "VF_RL_WEIGHT_SECRET" not in inference.env
-    assert inference.argv[inference.argv.index("--host") + 1] == "127.0.0.1"  # the trainer's resolved host
+    argv = server_argv(config)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"  # the trainer's resolved host
     dry = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "--dry-run"],
                          capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/usr/bin:/bin"})
     assert "VF_RL_WEIGHT_SECRET='<generated>'" in dry.stdout.replace("=<generated>", "='<generated>'")

@@ -190,7 +190,7 @@ def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypa
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.trainer import trainer as trainer_module
 
-    monkeypatch.setattr(trainer_module, "resolve_weight_sync", lambda *args, **kwargs: "nccl")
+    monkeypatch.setattr(trainer_module, "choose_weight_sync", lambda *args, **kwargs: "nccl")
     made = []
 
     def make(kind, client, *args):

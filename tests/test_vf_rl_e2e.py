@@ -44,7 +44,13 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
     warnings = [line for line in trainer_log.splitlines() if "warning" in line.lower()]
     assert not warnings, warnings
     assert "Step 1 samples" in trainer_log and "completion" in trainer_log  # the sample table
-    assert "Application startup complete" in (out / "logs" / "inference.log").read_text()
+    inference_log = (out / "logs" / "inference.log").read_text()
+    assert "Application startup complete" in inference_log
+    # both sides read the resolved config vf-rl wrote: the server's max_model_len is the file's, the
+    # trainer names the file
+    resolved = out / "resolved.toml"
+    assert f"(config: {resolved})" in trainer_log
+    assert "--max-model-len 512 " in inference_log and 'max_model_len = 512' in resolved.read_text()
     # the session is closed and the inference server stopped
     assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

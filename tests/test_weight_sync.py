@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
+from vf_rl.config.rules import choose_weight_sync
 from vf_rl.inference.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
-from vf_rl.trainer.weight_sync import resolve_weight_sync
 
 
 def named(*specs):
@@ -83,17 +83,17 @@ def test_transport_choice(requested, trainer, server, expected):
     """``auto`` picks nccl exactly when no GPU is shared, ipc when every worker is on the
     trainer's GPU; explicit choices that cannot work fail."""
     if expected in ("filesystem", "nccl", "ipc", "lora"):
-        assert resolve_weight_sync(requested, trainer, server) == expected
+        assert choose_weight_sync(requested, trainer, server) == expected
     else:
         with pytest.raises(ValueError, match=expected):
-            resolve_weight_sync(requested, trainer, server)
+            choose_weight_sync(requested, trainer, server)
 
 
 def test_auto_does_not_pick_nccl_or_ipc_for_a_server_on_another_host():
-    assert resolve_weight_sync("auto", "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
-    assert resolve_weight_sync("auto", "GPU-0", ["GPU-0"], server_is_local=False) == "filesystem"
+    assert choose_weight_sync("auto", "GPU-1", ["GPU-0"], server_is_local=False) == "filesystem"
+    assert choose_weight_sync("auto", "GPU-0", ["GPU-0"], server_is_local=False) == "filesystem"
     with pytest.raises(ValueError, match="on this machine"):
-        resolve_weight_sync("ipc", "GPU-0", ["GPU-0"], server_is_local=False)
+        choose_weight_sync("ipc", "GPU-0", ["GPU-0"], server_is_local=False)
 
 
 def test_gpu_training_options_fall_back_on_the_cpu(monkeypatch):

@@ -32,14 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vf_rl.cli.cpus import cpu_side_env
+from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import (
     LOOPBACK,
     ConfigError,
     VfRlConfig,
     load_config,
     parse_at_args,
-    resolved_trainer_args,
-    server_address,
 )
 from vf_rl.config.vllm_flags import check_inference_args
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
@@ -119,11 +118,18 @@ def entry_point(name: str, module: str) -> list[str]:
     return [str(script)] if script.is_file() else [sys.executable, "-m", module]
 
 
+def server_argv(config: VfRlConfig) -> list[str]:
+    """vf-vllm's flags for a resolved ``config``: ``--model`` and ``[inference.args]``."""
+    return ["--model", config.model, *inference_flags(config.inference.args)]
+
+
 def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
                    node_rank: int = 0) -> tuple[PaneCommand, PaneCommand]:
-    """The two pane commands for ``config`` (the trainer's for node ``node_rank``).
+    """The two pane commands for the resolved ``config`` (the trainer's for node ``node_rank``):
+    ``vf-vllm @ config_path`` and ``vf-train @ config_path`` with their GPUs.
 
     Args:
+        config_path: the file both read (``vf-rl`` passes the ``resolved.toml`` it wrote).
         gpus: the visible GPU ids to hand out (contiguously, inference first). With no GPU on
             either side, the CPU cores are split instead: the server's first half, the trainer's
             the rest (``vf_rl.cli.cpus.cpu_side_env``).
@@ -131,25 +137,11 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
     first_train = 0 if config.inference.shared or node_rank > 0 else n_inf  # nodes >= 1 have no server
     inf_gpus, train_gpus = gpus[:n_inf], gpus[first_train:first_train + n_train]
-    resolved = resolved_trainer_args(config)
-    host, port = server_address(config)
-    iargs = dict(config.inference.args)
-    iargs.setdefault("max_model_len", resolved["max_seq_len"])  # one sequence-length truth for both sides
-    if config.inference.shared:  # leave the trainer most of the memory
-        iargs.setdefault("gpu_memory_utilization", SHARED_GPU_MEMORY_UTILIZATION)
-    lora_env = {}
-    if resolved["weight_sync"] == "lora":  # serve the adapter; vLLM's rank choices are 1, 8, 16, 32, ...
-        iargs.setdefault("enable_lora", True)
-        iargs.setdefault("max_lora_rank", next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512)
-                                               if r >= int(resolved["lora_rank"])))
-        iargs.setdefault("max_loras", 1)
-        lora_env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    host, _ = config.server_address()
+    lora_env = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if config.inference.args.get("enable_lora") else {}
     secret_env = {}
     if host not in LOOPBACK:  # reachable beyond this machine: weight updates need the shared secret
         secret_env["VF_RL_WEIGHT_SECRET"] = os.environ.get("VF_RL_WEIGHT_SECRET") or secrets.token_hex(16)
-    iargs["port"], iargs["host"] = port, host
-    if n_inf > 1:
-        iargs.setdefault("data_parallel_size", n_inf // int(iargs.get("tensor_parallel_size", 1)))
     server_cpus, trainer_cpus = {}, {}
     if n_inf == 0 and n_train == 0 and node_rank == 0:  # both on this machine's CPU: split its cores as GPUs are
         server_cpus, trainer_cpus = cpu_side_env()
@@ -157,8 +149,7 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
         trainer_cpus["DS_ACCELERATOR"] = "cpu"
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
                                           **lora_env, **secret_env, **server_cpus},
-                            [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "--model", config.model,
-                             *inference_flags(iargs)])
+                            [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "@", str(config_path)])
     trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1",
                                       **secret_env, **trainer_cpus},
                           trainer_argv(config, config_path, node_rank))
@@ -183,9 +174,6 @@ def trainer_argv(config: VfRlConfig, config_path: Path, node_rank: int = 0) -> l
         if config.trainer.gpus == 0:
             argv.append("--cpu")
     return [*argv, *train]
-
-
-SHARED_GPU_MEMORY_UTILIZATION = 0.3
 
 
 def gpus_needed(config: VfRlConfig) -> int:
@@ -250,12 +238,16 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
     import libtmux
 
-    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=False,
-                                                                          config_path=config_path))
+    gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
+    host, port = config.server_address()
+    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
+    try:
+        resolved_path = write_resolved(config)
+    except OSError as exc:
+        raise ConfigError(f"{config_path}: trainer.args.output_dir: cannot write {config.output_dir} ({exc})") from None
+    inference, trainer = build_commands(config, resolved_path.resolve(), gpus)
     if resume:
         trainer.argv.append("--resume")
-    host, port = server_address(config)
-    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
     logs = (config.output_dir / "logs").resolve()
     logs.mkdir(parents=True, exist_ok=True)
     exit_file = logs / "trainer.exit"
@@ -388,15 +380,17 @@ def run_node(config: VfRlConfig, config_path: Path, node_rank: int, resume: bool
 
 
 def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
-    inference, trainer = build_commands(config, config_path, check_gpus(config, visible_gpus(), dry_run=True,
+    """``--dry-run``: the pane commands and the resolved config ``vf-rl`` would write; starts
+    and writes nothing."""
+    resolved_path = config.output_dir / "resolved.toml"
+    inference, trainer = build_commands(config, resolved_path, check_gpus(config, visible_gpus(), dry_run=True,
                                                                           config_path=config_path))
     print(f"tmux session: {session_name}")
     for cmd in (inference, trainer):
         print(f"[{cmd.title}] {_env_text(cmd.env)} {shlex.join(cmd.argv)}")
-    print("trainer args (resolved; RLConfig defaults filled in):")
-    for key, value in sorted(resolved_trainer_args(config).items()):
-        marker = "" if key in config.trainer.args else "  # default"
-        print(f"  {key} = {value!r}{marker}")
+    print(f"vf-vllm: {shlex.join(server_argv(config))}")
+    print(f"\n# {resolved_path} (written at launch):")
+    print(to_toml(config), end="")
     return 0
 
 

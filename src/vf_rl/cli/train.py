@@ -5,8 +5,9 @@
 Exit status: 0 done; 2 bad input (one line naming the file and key); 3 the inference server
 exited or never came up (one line with its last error); 130 Ctrl-C.
 
-Loads ``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``,
-and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
+Loads the config (a ``resolved.toml`` that ``vf-rl`` wrote is used as it is; any other file is
+resolved first, ``config.schema.load_config``), ``[env]``, builds ``RLConfig(**[trainer.args])``
+and ``RLTrainer(model, env, args)``, and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
 serving ``model``. ``VF_RL_CPU_CORES`` (e.g. ``1`` or ``2-3``; ``vf-rl`` sets it when the server and
 the trainer share the CPU) pins the trainer to those cores before torch starts.
 """
@@ -56,7 +57,7 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     from vf_rl.inference.supervision import ServerExited
 
-    print(f"Loading model {config.model}...", flush=True)
+    print(f"Loading model {config.model} (config: {config_path})...", flush=True)
     trainer = RLTrainer(model=config.model, env=env, args=args)
     try:
         trainer.train()

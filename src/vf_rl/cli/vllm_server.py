@@ -88,19 +88,17 @@ def _vllm_version_fallback() -> None:
 
 
 def config_argv(argv: list[str]) -> list[str]:
-    """``@ config.toml [flags]`` -> the flags vf-rl would pass (validated as vf-rl does).
+    """``@ config.toml [flags]`` -> ``--model`` and the flags of the resolved config's
+    ``[inference.args]`` (a ``resolved.toml`` that vf-rl wrote is read as it is), then ``flags``.
 
     Raises:
         ConfigError: bad config (one line).
     """
-    from vf_rl.cli.launch import build_commands
+    from vf_rl.cli.launch import server_argv
     from vf_rl.config.schema import load_config, parse_at_args
 
     path, rest = parse_at_args(argv, "vf-vllm")
-    config = load_config(path)
-    gpus = [str(i) for i in range(config.inference.gpus + config.trainer.gpus)]
-    inference, _ = build_commands(config, path, gpus)
-    return inference.argv[inference.argv.index("--model"):] + rest
+    return server_argv(load_config(path)) + rest
 
 
 def main(argv: list[str] | None = None) -> int:

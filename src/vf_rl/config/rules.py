@@ -1,19 +1,25 @@
-"""The rules a trainer configuration must satisfy, written once. No torch, no transformers.
+"""The rules a trainer configuration must satisfy, and the defaults derived from other keys,
+written once. No torch; transformers only to check a key vf-rl does not declare itself.
 
 Both ways in use them: the TOML file (``schema.load_config``, for ``vf-rl``, ``vf-train`` and
 ``vf-vllm``) and Python (``RLConfig.__post_init__``), so the two accept and reject the same
 arguments with the same message. Rules that need the GPU layout of a TOML file (``trainer.gpus``,
-``[inference]``) live in ``schema.py``; everything about ``[trainer.args]`` alone lives here.
+``[inference]``) live in ``schema.py``; everything about ``[trainer.args]`` alone lives here, and
+so does the weight-sync choice (:func:`choose_weight_sync`), which the launcher applies to the
+file's GPU layout and the trainer to the devices it finds.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import typing
+from functools import lru_cache
 from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from .fields import FieldSpec, annotation_type, rl_fields, scheduler_types
+from .args import OLDER_NAMES, REFUSED_NAMES, SAMPLING_DEFAULTS, RLArgs, rl_fields
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 LOSS_TYPES = ("cispo", "dapo")
@@ -32,34 +38,70 @@ def suggest(key: str, valid) -> str:
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
-def check_types(args: dict[str, Any], fields: dict[str, FieldSpec], prefix: str = "") -> None:
-    """Every key of ``args`` is a field, and its value has the field's annotated type (strict:
-    no ``"8"`` for an int, no ``1`` for a bool).
+@lru_cache(maxsize=1)
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(RLArgs)
+
+
+@lru_cache(maxsize=1)
+def _training_arguments_types() -> dict[str, Any]:
+    """transformers' ``TrainingArguments`` field types by name (imports transformers: only
+    asked for when ``[trainer.args]`` names a key vf-rl does not declare)."""
+    from transformers import TrainingArguments
+
+    try:
+        hints = typing.get_type_hints(TrainingArguments)
+    except Exception:  # an annotation that does not evaluate here: names only
+        hints = {}
+    return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(TrainingArguments) if f.init}
+
+
+def _type_text(tp: Any) -> str:
+    return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
+
+
+def check_types(args: dict[str, Any], prefix: str = "") -> None:
+    """Every key of ``args`` is an RLConfig field (vf-rl's own, :class:`~vf_rl.config.args.RLArgs`,
+    or transformers' ``TrainingArguments``), and its value has the field's annotated type
+    (strict: no ``"8"`` for an int, no ``1`` for a bool).
 
     Raises:
-        ConfigError: ``"<prefix><key>: expected <annotation>, got <value>"`` or an unknown key.
+        ConfigError: ``"<prefix><key>: expected <type>, got <value>"``, or an unknown key
+            naming the closest valid one.
     """
     for key, value in args.items():
-        if key not in fields:
-            raise ConfigError(f"unknown key '{prefix}{key}'{suggest(key, fields)}")
-        spec = fields[key]
+        tp = _field_types().get(key)  # vf-rl's keys and their older names
+        if tp is None:
+            others = _training_arguments_types()
+            if key not in others:
+                valid = [*rl_fields(), *others]
+                raise ConfigError(f"unknown key '{prefix}{key}'{suggest(key, valid)}")
+            tp = others[key]
         try:
-            TypeAdapter(annotation_type(spec.annotation), config=ConfigDict(strict=True)).validate_python(value)
+            adapter = TypeAdapter(tp, config=ConfigDict(strict=True))
+        except Exception:  # a type pydantic cannot check (a class of transformers): TrainingArguments checks it
+            continue
+        try:
+            adapter.validate_python(value)
         except ValidationError:
-            raise ConfigError(f"{prefix}{key}: expected {spec.annotation}, got {value!r}") from None
+            raise ConfigError(f"{prefix}{key}: expected {_type_text(tp)}, got {value!r}") from None
+
+
+DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
+                "eval_rollouts_per_example": "rollouts_per_example", "eval_on_start": "on when eval_strategy is not 'no'",
+                "torch_compile": "on with a GPU, without DeepSpeed"}
+"""The keys :func:`derive_defaults` fills, and from what (shown in ``resolved.toml``)."""
 
 
 def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
-    ``output_dir`` (``outputs/<run_name>``), ``max_tokens`` (``max_seq_len``), ``bf16`` (on with
-    a GPU), ``eval_rollouts_per_example`` (``rollouts_per_example``), ``eval_on_start`` (on when
-    ``eval_strategy`` is not ``"no"``), ``torch_compile`` (on with a GPU unless DeepSpeed is used,
-    or when a compile backend or mode is given). Returns a new dict."""
+    ``output_dir`` (``outputs/<run_name>``), ``bf16`` (on with a GPU), ``eval_rollouts_per_example``
+    (``rollouts_per_example``), ``eval_on_start`` (on when ``eval_strategy`` is not ``"no"``),
+    ``torch_compile`` (on with a GPU unless DeepSpeed is used, or when a compile backend or mode
+    is given). Returns a new dict."""
     a = dict(args)
     if a.get("output_dir") is None:
         a["output_dir"] = f"outputs/{a.get('run_name') or 'vf-rl'}"
-    if a.get("max_tokens") is None:
-        a["max_tokens"] = a["max_seq_len"]
     if a.get("bf16") is None:
         a["bf16"] = has_gpu
     if a.get("eval_rollouts_per_example") is None:
@@ -67,10 +109,24 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     if a.get("eval_on_start") is None:
         strategy = a.get("eval_strategy") or "no"
         a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
-    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md, i)
+    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md)
         a["torch_compile"] = bool(has_gpu and not a.get("deepspeed")
                                   or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
     return a
+
+
+def resolve_trainer_args(given: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
+    """The trainer arguments a run uses: ``given`` (older key names mapped, ``rename_older_names``)
+    over RLArgs' defaults, with the defaults derived from other keys filled in
+    (:func:`derive_defaults`). The one place they are derived, for the TOML file and for
+    ``RLConfig``. Sampling keys left ``None`` stay ``None`` (the environment's value, else
+    ``args.SAMPLING_DEFAULTS``, applies in the trainer).
+
+    Raises:
+        ConfigError: an older name that is refused, or given together with its new name.
+    """
+    defaults = {name: f.default for name, f in rl_fields().items() if f.default is not dataclasses.MISSING}
+    return derive_defaults({**defaults, **rename_older_names(given)}, has_gpu)
 
 
 def resolve_function(key: str, name: str, builtins: dict[str, Any]) -> Any:
@@ -110,14 +166,14 @@ def _check_function_name(key: str, value: str, builtins: tuple[str, ...], prefix
     resolve_function(prefix + key, value, {})
 
 
-def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, prefix: str = "") -> None:
+def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix: str = "") -> None:
     """The rules between trainer arguments.
 
     ``max_tokens`` and ``max_prompt_len`` must leave room below ``max_seq_len`` when set (their
     defaults, ``max_seq_len`` and 512, are not checked against a short ``max_seq_len``).
 
     Args:
-        args: every RLConfig field with its value as given (derived defaults still ``None``).
+        a: every RLArgs field with the value the run uses (:func:`resolve_trainer_args`).
         world_size: trainer processes (``trainer.gpus`` (1 on the CPU) times ``trainer.nodes``).
         has_gpu: the trainer runs on a GPU.
         prefix: put before every key in messages (``"trainer.args."`` for a TOML file).
@@ -125,11 +181,10 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         ConfigError: one line naming the key and what was expected.
     """
     p = prefix
-    a = derive_defaults(args, has_gpu)
     for key in ("batch_size", "micro_batch_size", "rollouts_per_example", "max_seq_len", "max_tokens",
                 "max_prompt_len", "max_steps", "max_concurrent", "generation_timeout", "request_timeout",
                 "vllm_server_timeout", "weight_sync_bucket_mb", "lora_rank", "eval_rollouts_per_example"):
-        if a[key] <= 0:
+        if a[key] is not None and a[key] <= 0:
             raise ConfigError(f"{p}{key}: must be positive, got {a[key]}")
     if a["rollouts_per_example"] < 2:
         raise ConfigError(f"{p}rollouts_per_example: must be at least 2 (advantages compare rollouts of one "
@@ -144,7 +199,7 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
     if a.get("micro_batch_tokens") is not None and a["micro_batch_tokens"] < a["max_seq_len"]:
         raise ConfigError(f"{p}micro_batch_tokens ({a['micro_batch_tokens']}) must be at least max_seq_len "
                           f"({a['max_seq_len']}): one sample of max_seq_len tokens must fit in a micro batch")
-    if args.get("max_tokens") is not None and a["max_tokens"] >= a["max_seq_len"]:
+    if a["max_tokens"] is not None and a["max_tokens"] >= a["max_seq_len"]:
         raise ConfigError(f"{p}max_tokens ({a['max_tokens']}) must be below max_seq_len ({a['max_seq_len']}): "
                           "the prompt needs room too")
     if a["max_prompt_len"] != rl_fields()["max_prompt_len"].default and a["max_prompt_len"] >= a["max_seq_len"]:
@@ -154,7 +209,7 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         raise ConfigError(f"{p}max_time_s: must be positive (seconds), got {a['max_time_s']}")
     if a["learning_rate"] < 0:
         raise ConfigError(f"{p}learning_rate: must not be negative, got {a['learning_rate']}")
-    if a["temperature"] <= 0:
+    if a["temperature"] is not None and a["temperature"] <= 0:
         raise ConfigError(f"{p}temperature: must be positive, got {a['temperature']}")
     if not 0 < a["mask_ratio_low"] <= 1 <= a["mask_ratio_high"]:
         raise ConfigError(f"{p}mask_ratio_low/high: need 0 < mask_ratio_low <= 1 <= mask_ratio_high, got "
@@ -166,13 +221,10 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
     check_output_dir(a["output_dir"], p)
     _check_function_name("loss_type", a["loss_type"], LOSS_TYPES, p)
     _check_function_name("advantage_type", a["advantage_type"], ADVANTAGE_TYPES, p)
-    schedulers, scheduler = scheduler_types(), getattr(a["lr_scheduler_type"], "value", a["lr_scheduler_type"])
-    if scheduler not in schedulers:
-        raise ConfigError(f"{p}lr_scheduler_type: unknown scheduler {scheduler!r}{suggest(str(scheduler), schedulers)}; "
-                          f"one of: {', '.join(schedulers)}")
+    check_scheduler(a["lr_scheduler_type"], p)
     if a["bf16"] and not has_gpu:
         raise ConfigError(f"{p}bf16 = true needs a GPU, but the trainer runs on the CPU (float32)")
-    if args.get("torch_compile") and a.get("deepspeed"):
+    if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
     kind = a["weight_sync"]
@@ -198,7 +250,64 @@ def check_trainer_args(args: dict[str, Any], world_size: int, has_gpu: bool, pre
         if len(set(urls)) != len(urls):
             raise ConfigError(f"{p}vllm_server_urls: a server is listed twice")
     check_recipe_args(a, p)
-    check_legacy_values(a, p)
+    check_batch_keys(a, p)
+
+
+def check_scheduler(name: Any, p: str = "") -> None:
+    """``lr_scheduler_type`` names one of transformers' schedulers (imports transformers, only
+    for a name other than RLArgs' default).
+
+    Raises:
+        ConfigError: naming the key, the closest scheduler and every valid one.
+    """
+    name = getattr(name, "value", name)
+    if name == rl_fields()["lr_scheduler_type"].default:
+        return
+    from transformers.trainer_utils import SchedulerType
+
+    schedulers = [s.value for s in SchedulerType]
+    if name not in schedulers:
+        raise ConfigError(f"{p}lr_scheduler_type: unknown scheduler {name!r}{suggest(str(name), schedulers)}; "
+                          f"one of: {', '.join(schedulers)}")
+
+
+def choose_weight_sync(requested: str, trainer_device: str, server_devices: list[str],
+                       server_is_local: bool = True) -> str:
+    """The weight-sync transport for where the trainer and the server's workers run: ``auto``
+    resolved, any other choice checked. The launcher asks with the devices of the file's GPU
+    layout (``schema.layout_devices``), the trainer again with the devices it finds.
+
+    Args:
+        requested: one of ``WEIGHT_SYNC_CHOICES``.
+        trainer_device: the trainer's GPU (any id, e.g. a UUID), or ``"cpu"``.
+        server_devices: one GPU id (or ``"cpu"``) per vLLM worker.
+        server_is_local: the server listens on this machine (the NCCL group and CUDA IPC need that).
+    Returns:
+        ``"nccl"`` when the trainer and every vLLM worker are on different GPUs of this machine,
+        ``"ipc"`` when they are all on the trainer's GPU, ``"filesystem"`` otherwise, for
+        ``auto``; else ``requested``.
+    Raises:
+        ConfigError: a transport that cannot work there (one line naming the key).
+    """
+    if requested not in WEIGHT_SYNC_CHOICES:
+        raise ConfigError(f"weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {requested!r}")
+    on_cpu = trainer_device == "cpu" or "cpu" in server_devices
+    shared = trainer_device in server_devices
+    all_shared = bool(server_devices) and all(d == trainer_device for d in server_devices)
+    if requested == "auto":
+        if not server_is_local or on_cpu:
+            return "filesystem"
+        return "ipc" if all_shared else "filesystem" if shared else "nccl"
+    if requested in ("nccl", "ipc") and on_cpu:
+        raise ConfigError(f"weight_sync = '{requested}' needs the trainer and the vLLM server on GPUs "
+                          "(inference.gpus >= 1 and trainer.gpus >= 1); use 'filesystem' on the CPU")
+    if requested == "nccl" and shared:
+        raise ConfigError("weight_sync = 'nccl' cannot connect two ranks on one GPU, and the trainer shares a GPU "
+                          "with the vLLM server (inference.shared = true); use 'ipc', 'filesystem' or 'lora'")
+    if requested == "ipc" and not (all_shared and server_is_local):
+        raise ConfigError("weight_sync = 'ipc' needs every vLLM worker on the trainer's GPU, on this machine "
+                          "(inference.shared = true); use 'nccl' or 'filesystem'")
+    return requested
 
 
 REPORT_TO_CHOICES = ("none", "wandb")
@@ -211,12 +320,13 @@ def check_sampling_and_lora(a: dict[str, Any], p: str = "") -> None:
     Raises:
         ConfigError: naming the key, its value and the range.
     """
-    ranges = [("top_p", 0 < a["top_p"] <= 1, "0 < top_p <= 1"),
+    s = {**SAMPLING_DEFAULTS, **{k: v for k, v in a.items() if k in SAMPLING_DEFAULTS and v is not None}}
+    ranges = [("top_p", 0 < s["top_p"] <= 1, "0 < top_p <= 1"),
               ("top_k", a["top_k"] is None or a["top_k"] == -1 or a["top_k"] >= 1, "top_k >= 1, or -1 / unset for off"),
-              ("min_p", 0 <= a["min_p"] <= 1, "0 <= min_p <= 1"),
-              ("repetition_penalty", a["repetition_penalty"] > 0, "repetition_penalty > 0"),
-              ("presence_penalty", -2 <= a["presence_penalty"] <= 2, "-2 <= presence_penalty <= 2"),
-              ("frequency_penalty", -2 <= a["frequency_penalty"] <= 2, "-2 <= frequency_penalty <= 2"),
+              ("min_p", 0 <= s["min_p"] <= 1, "0 <= min_p <= 1"),
+              ("repetition_penalty", s["repetition_penalty"] > 0, "repetition_penalty > 0"),
+              ("presence_penalty", -2 <= s["presence_penalty"] <= 2, "-2 <= presence_penalty <= 2"),
+              ("frequency_penalty", -2 <= s["frequency_penalty"] <= 2, "-2 <= frequency_penalty <= 2"),
               ("lora_alpha", a["lora_alpha"] > 0, "lora_alpha > 0"),
               ("lora_dropout", 0 <= a["lora_dropout"] < 1, "0 <= lora_dropout < 1"),
               ("max_grad_norm", a.get("max_grad_norm", 1.0) >= 0, "max_grad_norm >= 0 (0: no clipping)"),
@@ -314,8 +424,6 @@ def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
             raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None
 
 
-# --- issue 15: the RL recipe (difficulty filtering, KL, off-policy depth) ----------------------
-
 def check_recipe_args(a: dict[str, Any], p: str = "") -> None:
     """Rules of the filtering, ``beta`` and ``max_off_policy_steps`` keys.
 
@@ -341,35 +449,29 @@ def check_recipe_args(a: dict[str, Any], p: str = "") -> None:
                           f"got {a['max_off_policy_steps']}")
 
 
-# --- issue 15: the older key names of the seeds (TRL / verifiers GRPOTrainer) ------------------
-
-RENAMED_KEYS = {"num_generations": "rollouts_per_example", "num_batches_ahead": "max_off_policy_steps"}
-"""Older names with the same meaning: accepted and mapped to the current key."""
-REFUSED_KEYS = {
-    "num_iterations": "each batch gets one optimizer step (num_iterations = 1); remove the key",
-}
-"""Older names with no current key of that meaning: refused with this hint."""
-
-
-def rename_legacy_keys(args: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``args`` with the older key names (``RENAMED_KEYS``) mapped to the current ones.
+def rename_older_names(args: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``args`` with the older key names (``args.OLDER_NAMES``) mapped to the current ones; a
+    ``None`` under an older name counts as not given. ``args`` may hold every field (RLConfig's
+    path): the new name then counts as given when it differs from its default.
 
     Raises:
-        ConfigError: a key of ``REFUSED_KEYS``, or an old and a new name given together.
+        ConfigError: a key of ``args.REFUSED_NAMES``, or an old and a new name given together.
     """
     out = dict(args)
-    for old, hint in REFUSED_KEYS.items():
-        if old in out:
+    for old, hint in REFUSED_NAMES.items():
+        if out.pop(old, None) is not None:
             raise ConfigError(f"{prefix}{old}: not supported: {hint}")
-    for old, new in RENAMED_KEYS.items():
-        if old in out:
-            if new in out:
-                raise ConfigError(f"{prefix}{old} is the older name of {prefix}{new}; set only {new}")
-            out[new] = out.pop(old)
+    for old, new in OLDER_NAMES.items():
+        value = out.pop(old, None)
+        if value is None:
+            continue
+        if new in out and out[new] != rl_fields()[new].default:
+            raise ConfigError(f"{prefix}{old} is the older name of {prefix}{new}; set only {new}")
+        out[new] = value
     return out
 
 
-def check_legacy_values(a: dict[str, Any], p: str = "") -> None:
+def check_batch_keys(a: dict[str, Any], p: str = "") -> None:
     """TrainingArguments' batch keys, which vf-rl derives itself, must not ask for something else.
 
     Raises:

@@ -1,9 +1,16 @@
-"""The vf-rl TOML file: its schema and loading. Light: no torch, no transformers.
+"""The vf-rl TOML file: its schema, and its loading into one resolved run config. Light: no
+torch, and transformers only to check a key vf-rl does not declare.
 
     model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # hub id or local directory
     [env]               id = "reverse-text"          [env.args]       ... kwargs of load_environment
     [inference]         gpus = 1                     [inference.args] ... vf-vllm / vllm serve flags
     [trainer]           gpus = 1                     [trainer.args]   ... RLConfig fields
+
+``load_config`` reads a file, resolves it once (:func:`resolve`: every trainer default and
+derived value filled in, the server's flags derived from the trainer's keys) and checks every
+rule on the resolved values. ``vf-rl`` writes the result to ``<output_dir>/resolved.toml``
+(``config/resolved_toml.py``), which ``vf-train`` and ``vf-vllm`` read as it is: a file with a
+``[resolved]`` table is not resolved again.
 """
 
 from __future__ import annotations
@@ -12,10 +19,20 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError, field_validator
 
-from .fields import MISSING, rl_fields, trainer_fields
-from .rules import ConfigError, check_call_args, check_trainer_args, check_types, derive_defaults, rename_legacy_keys, suggest
+from .args import rl_fields
+from .rules import (
+    DERIVED_FROM,
+    ConfigError,
+    check_call_args,
+    check_trainer_args,
+    check_types,
+    choose_weight_sync,
+    rename_older_names,
+    resolve_trainer_args,
+    suggest,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,14 +74,29 @@ class TrainerSection(_Section):
         return max(self.gpus, 1) * self.nodes
 
 
+class ResolvedSection(_Section):
+    source: str = Field(description="The config file this run config was resolved from.")
+
+
 class VfRlConfig(_Section):
-    """A whole vf-rl TOML file."""
+    """A whole vf-rl TOML file; after :func:`load_config`, resolved: ``trainer.args`` holds every
+    vf-rl key (``None`` ones aside) and ``inference.args`` the server's derived flags."""
 
     model: str = Field(min_length=1, description="Hub id or local model directory.")
     env: EnvSection | list[EnvSection] = Field(description="An [env] table, or [[env]] tables for several "
                                                "environments in one run (sampled by weight per batch).")
     inference: InferenceSection
     trainer: TrainerSection
+    resolved: ResolvedSection | None = Field(default=None, description="Present in a resolved file "
+                                             "(<output_dir>/resolved.toml): its values are used as they are.")
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def origins(self) -> dict[str, str]:
+        """Where each resolved value came from, by dotted key (``"trainer.args.max_tokens"``):
+        ``"config"``, ``"default"`` or ``"derived: <from what>"``; empty when read from a
+        resolved file."""
+        return self._origins
 
     @property
     def envs(self) -> list[EnvSection]:
@@ -78,8 +110,13 @@ class VfRlConfig(_Section):
 
     @property
     def output_dir(self) -> Path:
-        """The trainer's resolved ``output_dir`` (default ``outputs/<run_name>``)."""
-        return Path(resolved_trainer_args(self)["output_dir"])
+        """The trainer's ``output_dir`` (default ``outputs/<run_name>``)."""
+        return Path(trainer_values(self)["output_dir"])
+
+    def server_address(self) -> tuple[str, int]:
+        """``(host, port)`` where vf-vllm listens."""
+        args = self.inference.args
+        return str(args["host"]), int(args["port"])
 
 
 def _location(loc: tuple) -> str:
@@ -112,56 +149,106 @@ def _first_error(errors: list[dict], data: dict) -> dict:
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-def resolved_trainer_args(config: "VfRlConfig") -> dict[str, Any]:
-    """RLConfig's own keys with their defaults, overridden by ``[trainer.args]``, with the
-    derived defaults filled in (``rules.derive_defaults``): the values the trainer will use."""
-    args = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
-    args.update(config.trainer.args)
-    return derive_defaults(args, has_gpu=config.trainer.gpus > 0)
+SHARED_GPU_MEMORY_UTILIZATION = 0.3
+"""vLLM's share of the GPU memory with ``[inference] shared = true`` (the trainer takes the rest)."""
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""vLLM's choices of ``max_lora_rank``."""
 
 
-def server_address(config: "VfRlConfig") -> tuple[str, int]:
-    """``(host, port)`` where vf-vllm listens: ``inference.args.host`` if set, else the
-    trainer's resolved ``vllm_server_host``; the resolved ``vllm_server_port``."""
-    resolved = resolved_trainer_args(config)
-    return str(config.inference.args.get("host", resolved["vllm_server_host"])), int(resolved["vllm_server_port"])
+def trainer_values(config: "VfRlConfig") -> dict[str, Any]:
+    """Every vf-rl trainer key of a resolved config, the ``None`` ones (not in a TOML file) included."""
+    return {**{name: f.default for name, f in rl_fields().items()}, **config.trainer.args}
+
+
+def layout_devices(config: "VfRlConfig") -> tuple[str, list[str], bool]:
+    """The file's GPU layout as ``rules.choose_weight_sync`` takes it: the trainer's device,
+    the server workers' devices (named by side; ``"cpu"`` with no GPU), and whether every server
+    is on this machine."""
+    a = trainer_values(config)
+    trainer = "gpu-trainer" if config.trainer.gpus else "cpu"
+    server = "cpu" if not config.inference.gpus else trainer if config.inference.shared else "gpu-inference"
+    urls = a["vllm_server_urls"] or [f"http://{a['vllm_server_host']}:0"]
+    local = all(str(u).split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") in LOOPBACK for u in urls)
+    return trainer, [server], local
+
+
+def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
+    """The run config of a TOML file, resolved once.
+
+    ``trainer.args``: RLArgs' defaults, overridden by the file, derived defaults filled in
+    (``rules.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
+    the trainer's keys: ``max_model_len`` (``max_seq_len``: one sequence-length truth), ``host``
+    and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (0.3 when shared), the
+    LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs).
+    ``origins`` says where each value came from.
+
+    Raises:
+        ConfigError: an older key name refused, or a weight-sync choice the layout cannot use.
+    """
+    given = rename_older_names(config.trainer.args, "trainer.args.")
+    has_gpu = config.trainer.gpus > 0
+    a = resolve_trainer_args(given, has_gpu)
+    defaults = {name: f.default for name, f in rl_fields().items()}
+    origins = {f"trainer.args.{k}": "config" if k in given else f"derived: {DERIVED_FROM[k]}"
+               if k in DERIVED_FROM and v != defaults.get(k) else "default" for k, v in a.items()}
+    try:
+        sync = choose_weight_sync(a["weight_sync"], *layout_devices(config.model_copy(update={
+            "trainer": config.trainer.model_copy(update={"args": a})})))
+    except ConfigError as exc:
+        raise ConfigError(f"trainer.args.{exc}") from None
+    if a["weight_sync"] == "auto":
+        origins["trainer.args.weight_sync"] = f"default (for this layout: {sync})"
+    inference = dict(config.inference.args)
+    derived = {"max_model_len": (a["max_seq_len"], "trainer.args.max_seq_len"),
+               "host": (a["vllm_server_host"], "trainer.args.vllm_server_host"),
+               "port": (a["vllm_server_port"], "trainer.args.vllm_server_port")}
+    if config.inference.shared:
+        derived["gpu_memory_utilization"] = (SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true")
+    if a["weight_sync"] == "lora":  # serve the adapter
+        derived["enable_lora"] = (True, "weight_sync = 'lora'")
+        derived["max_lora_rank"] = (next(r for r in LORA_RANKS if r >= int(a["lora_rank"])), "trainer.args.lora_rank")
+        derived["max_loras"] = (1, "weight_sync = 'lora'")
+    if config.inference.gpus > 1:
+        derived["data_parallel_size"] = (config.inference.gpus // int(inference.get("tensor_parallel_size", 1)),
+                                         "inference.gpus / tensor_parallel_size")
+    for key, (value, why) in derived.items():
+        origins[f"inference.args.{key}"] = "config" if key in inference else f"derived: {why}"
+        inference.setdefault(key, value)
+    for key in config.inference.args:
+        origins.setdefault(f"inference.args.{key}", "config")
+    resolved = config.model_copy(update={
+        "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}
+                                                             | {k: v for k, v in given.items() if k not in a}}),
+        "inference": config.inference.model_copy(update={"args": inference}),
+        "resolved": ResolvedSection(source=str(source))})
+    resolved._origins = origins
+    return resolved
 
 
 def validate_trainer_args(config: "VfRlConfig") -> None:
-    """Check ``[trainer.args]``: known keys and value types, the rules between keys
-    (``rules.check_trainer_args``, shared with ``RLConfig``), and the rules that need the GPU
-    layout of the file.
+    """Check the resolved ``[trainer.args]``: the rules between keys (``rules.check_trainer_args``,
+    shared with ``RLConfig``) and the rules that need the GPU layout of the file.
 
     Raises:
         ConfigError: naming the key and what was expected (without the file name).
     """
-    check_types(config.trainer.args, trainer_fields(), prefix="trainer.args.")
-    args = {name: spec.default for name, spec in rl_fields().items() if spec.default is not MISSING}
-    args.update(config.trainer.args)
-    check_trainer_args(args, world_size=config.trainer.processes, has_gpu=config.trainer.gpus > 0,
+    a = trainer_values(config)
+    check_trainer_args(a, world_size=config.trainer.processes, has_gpu=config.trainer.gpus > 0,
                        prefix="trainer.args.")
-    validate_layout(config, resolved_trainer_args(config))
+    validate_layout(config, a)
 
 
 def validate_layout(config: "VfRlConfig", a: dict[str, Any]) -> None:
-    """``weight_sync``, ``[inference] shared`` and the server port against the GPU layout.
+    """``[inference] shared``, several trainer nodes and the server port against the GPU layout
+    (the weight-sync choice is checked by :func:`resolve`).
 
     Raises:
         ConfigError: naming the key.
     """
-    kind, shared = a["weight_sync"], config.inference.shared
+    shared = config.inference.shared
     if shared and (config.inference.gpus == 0 or config.trainer.gpus == 0):
         raise ConfigError("inference.shared = true needs inference.gpus >= 1 and trainer.gpus >= 1 "
                           f"(got {config.inference.gpus} and {config.trainer.gpus})")
-    if kind == "nccl" and (config.inference.gpus == 0 or config.trainer.gpus == 0):
-        raise ConfigError("trainer.args.weight_sync = 'nccl' needs inference.gpus >= 1 and trainer.gpus >= 1; "
-                          "use 'filesystem' on the CPU")
-    if kind == "nccl" and shared:
-        raise ConfigError("trainer.args.weight_sync = 'nccl' cannot work with inference.shared = true (NCCL cannot "
-                          "connect two ranks on one GPU); use 'ipc', 'filesystem' or 'lora'")
-    if kind == "ipc" and not shared:
-        raise ConfigError("trainer.args.weight_sync = 'ipc' needs inference.shared = true (the trainer and vLLM on "
-                          "one GPU); use 'nccl' or 'filesystem'")
     if config.trainer.nodes > 1:
         import re
 
@@ -192,7 +279,7 @@ def validate_inference_args(config: "VfRlConfig") -> None:
             raise ConfigError(f"inference.args.{key}: set by vf-rl itself (use the top-level 'model')")
     max_model_len = args.get("max_model_len")
     if isinstance(max_model_len, int) and not isinstance(max_model_len, bool) and max_model_len > 0:
-        max_seq_len = resolved_trainer_args(config)["max_seq_len"]
+        max_seq_len = trainer_values(config)["max_seq_len"]
         if max_model_len < max_seq_len:
             raise ConfigError(f"inference.args.max_model_len ({max_model_len}) is below trainer.args.max_seq_len "
                               f"({max_seq_len}): the server could not produce the sequences the trainer trains on; "
@@ -247,8 +334,9 @@ def read_toml(path: Path) -> dict:
 
 
 def load_config(path: str | Path) -> "VfRlConfig":
-    """Read and validate a vf-rl TOML file: schema, trainer and inference args, environment
-    id and model path. Imports neither torch nor vLLM.
+    """Read, resolve (:func:`resolve`, unless the file is already a resolved one) and validate
+    a vf-rl TOML file: schema, trainer and inference args, environment id and model path.
+    Imports neither torch nor vLLM.
 
     Raises:
         ConfigError: one line naming the file and the key, and what was expected.
@@ -270,9 +358,11 @@ def load_config(path: str | Path) -> "VfRlConfig":
     if looks_local and not model_path.exists():
         raise ConfigError(f"{path}: model: local model directory '{config.model}' does not exist")
     try:
-        config.trainer.args = rename_legacy_keys(config.trainer.args, "trainer.args.")
-        validate_trainer_args(config)
+        check_types(config.trainer.args, prefix="trainer.args.")
         validate_inference_args(config)
+        if config.resolved is None:
+            config = resolve(config, path)
+        validate_trainer_args(config)
         validate_env(config)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None

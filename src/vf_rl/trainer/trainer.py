@@ -34,7 +34,9 @@ try:
 except ImportError:  # transformers 4.x: a Trainer method
     rotate_checkpoints = None
 
+from vf_rl.config.args import SAMPLING_DEFAULTS
 from vf_rl.config.rl_config import RLConfig
+from vf_rl.config.rules import choose_weight_sync
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
@@ -54,7 +56,7 @@ from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import start_orchestrator
 from .packing import plan_micro_batches, to_device
 from .reference import frozen_copy, reference_logprobs
-from .weight_sync import LORA_NAME, make_weight_sync, resolve_weight_sync
+from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
 
 
@@ -73,19 +75,20 @@ class _StepsDataset(torch.utils.data.Dataset):
 
 
 def resolve_temperature(args: RLConfig, env: Environment) -> None:
-    """An environment's sampling temperature applies when the user set none, and then the
-    trainer's log-probs use it too (the importance ratio compares log-probs at one temperature).
+    """``args.temperature`` left ``None``: the environment's sampling temperature, else
+    ``SAMPLING_DEFAULTS``' 1.0; the trainer's log-probs use it too (the importance ratio compares
+    log-probs at one temperature).
 
     Raises:
         ValueError: the environments of a mixture ask for different temperatures."""
+    if args.temperature is not None:
+        return
     envs = list(getattr(env, "envs", {}).values()) or [env]
     asked = {e.sampling_args["temperature"] for e in envs if "temperature" in (getattr(e, "sampling_args", None) or {})}
-    if not asked or "temperature" in getattr(args, "_given_keys", {"temperature"}):
-        return
     if len(asked) > 1:
         raise ValueError(f"the environments ask for different temperatures ({sorted(asked)}); set "
                          "trainer.args.temperature")
-    args.temperature = asked.pop()
+    args.temperature = asked.pop() if asked else SAMPLING_DEFAULTS["temperature"]
 
 
 class RLTrainer(Trainer):
@@ -200,8 +203,8 @@ class RLTrainer(Trainer):
         an NCCL group must be formed with the new workers). Returns its kind."""
         a = self.args
         devices = [d for server in self.servers for d in server.weight_sync_info()["devices"]]
-        kind = resolve_weight_sync(a.weight_sync, device_uuid(a.device), devices,
-                                   server_is_local=all(server.is_local for server in self.servers))
+        kind = choose_weight_sync(a.weight_sync, device_uuid(a.device), devices,
+                                  server_is_local=all(server.is_local for server in self.servers))
         self.weight_sync = make_weight_sync(kind, self.servers, Path(a.output_dir), a.device, a.weight_sync_port,
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
         return kind

@@ -23,7 +23,7 @@ Transports (``weight_sync`` in ``[trainer.args]``):
 ``auto`` (default)
     ``nccl`` when the trainer and every vLLM worker are on different GPUs of this machine,
     ``ipc`` when they are all on the trainer's GPU, ``filesystem`` otherwise (CPU, a server on
-    another host, a mix).
+    another host, a mix): ``config.rules.choose_weight_sync``.
     ``lora`` is never picked by itself: serving an unmerged adapter slows generation (figures
     for each transport in benchmarks/RESULTS.md).
 
@@ -42,47 +42,12 @@ from pathlib import Path
 
 import torch
 
-from vf_rl.config.rules import WEIGHT_SYNC_CHOICES as CHOICES
 from vf_rl.inference.buckets import pack_bucket, plan_buckets
 from vf_rl.inference.client import InferenceClient
 
 from .weights import export_weights, merged_state_dict
 
 LORA_NAME = "vf-rl-lora"
-
-
-def resolve_weight_sync(requested: str, trainer_device: str, server_devices: list[str],
-                        server_is_local: bool = True) -> str:
-    """The transport to use, given where the trainer and the server's workers actually run
-    (``config/rules.py`` has already checked the rules that need no devices).
-
-    Args:
-        requested: one of ``CHOICES``.
-        trainer_device: the trainer's GPU UUID, or ``"cpu"``.
-        server_devices: one GPU UUID (or ``"cpu"``) per vLLM worker.
-        server_is_local: the server listens on this machine's loopback address (the NCCL group
-            is formed there).
-    Raises:
-        ValueError: a transport that cannot work in this setup (one line, naming the key).
-    """
-    if requested not in CHOICES:
-        raise ValueError(f"weight_sync: expected one of {', '.join(CHOICES)}, got {requested!r}")
-    on_cpu = trainer_device == "cpu" or "cpu" in server_devices
-    shared = trainer_device in server_devices
-    all_shared = bool(server_devices) and all(d == trainer_device for d in server_devices)
-    if requested == "auto":
-        if not server_is_local or on_cpu:
-            return "filesystem"
-        return "ipc" if all_shared else "filesystem" if shared else "nccl"
-    if requested in ("nccl", "ipc") and on_cpu:
-        raise ValueError(f"weight_sync = '{requested}' needs the trainer and the vLLM server on GPUs; use 'filesystem'")
-    if requested == "nccl" and shared:
-        raise ValueError("weight_sync = 'nccl' cannot connect two ranks on one GPU, and the trainer shares a GPU with "
-                         "the vLLM server; use 'ipc', 'filesystem' or 'lora'")
-    if requested == "ipc" and not (all_shared and server_is_local):
-        raise ValueError("weight_sync = 'ipc' needs every vLLM worker on the trainer's GPU, on this machine "
-                         "([inference] shared = true); use 'nccl' or 'filesystem'")
-    return requested
 
 
 def _clients(client) -> list[InferenceClient]:
