@@ -113,7 +113,7 @@ import transformers  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
 from vf_rl.trainer.batching import Sample  # noqa: E402
-from vf_rl.trainer.loss import selective_logprobs  # noqa: E402
+from vf_rl.trainer.logprobs import selective_logprobs  # noqa: E402
 
 # Shapes of the real models (random weights; nothing is downloaded).
 MODEL_CONFIGS = {

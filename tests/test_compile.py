@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_packing import group_samples
 
-from vf_rl.trainer.loss import selective_logprobs
+from vf_rl.trainer.logprobs import selective_logprobs
 
 
 def _trainer(model_dir, tmp_path, name, tokenizer, env, **keys):

@@ -89,7 +89,7 @@ def sampled(port: int, model: str, n: int = 8):
 def logprob_diff(model, rollouts, pad_token_id) -> tuple[float, float]:
     """(mean, max) |trainer - server| log-prob over the sampled tokens (``model`` on any GPU)."""
     from vf_rl.trainer.batching import micro_batches, rollout_to_samples
-    from vf_rl.trainer.loss import selective_logprobs
+    from vf_rl.trainer.logprobs import selective_logprobs
 
     samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 1024)]
     diffs = []

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from vf_rl.config.rules import ConfigError
+from vf_rl.trainer.logprobs import policy_logprobs, selective_logprobs
 from vf_rl.trainer.loss import (
     LOSSES,
     LossInputs,
@@ -15,8 +16,6 @@ from vf_rl.trainer.loss import (
     dapo_loss,
     get_loss,
     micro_batch_loss,
-    policy_logprobs,
-    selective_logprobs,
 )
 
 ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0)

@@ -8,8 +8,13 @@ import torch
 
 from vf_rl.trainer.attention import ATTN_IMPLEMENTATION, register_attention
 from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
-from vf_rl.trainer.logprobs import chunked_logprobs, packed_policy_logprobs, padded_policy_logprobs
-from vf_rl.trainer.loss import policy_logprobs, selective_logprobs
+from vf_rl.trainer.logprobs import (
+    chunked_logprobs,
+    packed_policy_logprobs,
+    padded_policy_logprobs,
+    policy_logprobs,
+    selective_logprobs,
+)
 from vf_rl.trainer.packing import (
     default_token_budget,
     pack_for_rank,

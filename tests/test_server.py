@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vf_rl.envs import load_environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.batching import micro_batches, rollout_to_samples
-from vf_rl.trainer.loss import selective_logprobs
+from vf_rl.trainer.logprobs import selective_logprobs
 from vf_rl.trainer.orchestrator import Orchestrator
 from vf_rl.trainer.weight_sync import BroadcastSync, FilesystemSync
 from vf_rl.trainer.weights import export_weights

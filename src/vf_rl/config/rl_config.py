@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from transformers import TrainingArguments
 
@@ -86,3 +87,20 @@ class RLConfig(RLArgs, TrainingArguments):
                                 for k in extra_keys if k in builtin or k not in unset}
         defaults = {k for k in top if k in unset} | {f"extra_body.{k}" for k in extra_keys if k in unset}
         return SamplingArgs(values, defaults)
+
+
+def resolve_temperature(args: RLConfig, env: Any) -> None:
+    """``args.temperature`` left ``None``: the environment's sampling temperature, else
+    ``SAMPLING_DEFAULTS``' 1.0 (``env``: an environment or a mixture of them). The trainer's
+    log-probs use it too (the importance ratio compares log-probs at one temperature).
+
+    Raises:
+        ValueError: the environments of a mixture ask for different temperatures."""
+    if args.temperature is not None:
+        return
+    envs = list(getattr(env, "envs", {}).values()) or [env]
+    asked = {e.sampling_args["temperature"] for e in envs if "temperature" in (getattr(e, "sampling_args", None) or {})}
+    if len(asked) > 1:
+        raise ValueError(f"the environments ask for different temperatures ({sorted(asked)}); set "
+                         "trainer.args.temperature")
+    args.temperature = asked.pop() if asked else SAMPLING_DEFAULTS["temperature"]

@@ -147,3 +147,17 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_token_id: in
             "advantages": torch.tensor([s.advantage for s in chunk], dtype=torch.float32),
         })
     return batches
+
+
+class StepsDataset(torch.utils.data.Dataset):
+    """Placeholder data for ``Trainer``'s loop: one item per process per step. Real batches
+    come from the orchestrator."""
+
+    def __init__(self, length: int):
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, i: int) -> dict:
+        return {"step": i}

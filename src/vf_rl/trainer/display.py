@@ -54,3 +54,17 @@ def progress_printer(step: int):
         print(f"\rGenerating batch {step + 1}: {done}/{total} rollouts", end="\n" if done >= total else "", flush=True)
 
     return show
+
+
+def wandb_sample_table(batch, report_to) -> None:
+    """A prompt/completion/reward table in wandb when a run is active."""
+    if "wandb" not in (report_to or []):
+        return
+    import wandb
+
+    if wandb.run is None:
+        return
+    table = wandb.Table(columns=["step", "prompt", "completion", "reward"])
+    for r in batch.rollouts[:8]:
+        table.add_data(batch.step + 1, last_text(r.prompt), last_text(r.completion), r.reward)
+    wandb.log({"samples": table}, commit=False)

@@ -5,6 +5,7 @@ states ``h`` ``[M, H]`` and the LM-head weight ``W`` ``[V, H]``, ``chunk`` rows 
 bf16 ``[M, V]`` logits are kept for the backward pass when small (``LOGPROB_KEEP_BYTES``), else
 recomputed chunk by chunk there. :func:`micro_batch_logprobs` runs the model on a packed or padded
 micro batch (``packing.py``) and takes the log-probs of its trained tokens.
+:func:`selective_logprobs` and :func:`policy_logprobs` are the plain (unchunked) forms.
 """
 
 from __future__ import annotations
@@ -207,7 +208,7 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
         hidden: ``[M, H]`` final hidden states (after the model's last norm), any float dtype.
         weight: ``[V, H]`` LM-head weight.
         targets: ``[M]`` long, the token each row predicts.
-        temperature: > 0, as in :func:`vf_rl.trainer.loss.selective_logprobs`.
+        temperature: > 0, as in :func:`selective_logprobs`.
     Returns:
         ``(logprobs [M] float32, entropy [M] float32)``; entropy in nats, without grad.
     """
@@ -264,7 +265,6 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     Returns:
         ``(logprobs [B, T] float32 (requires grad), entropy [B, T] float32)``, 0 off ``valid``.
     """
-    from .loss import selective_logprobs
 
     found = _lm_head(model) if chunked else None
     # a 4-D attention_mask is passed through as is: transformers then skips building a mask and
@@ -295,12 +295,11 @@ def padded_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     """Forward a padded micro batch (:func:`padded_micro_batch`, on the device): the model's own
     attention (sdpa; causal without a mask when no row is padded), the LM head only from the
     first trained position on (``logits_to_keep``), log-probs from :func:`chunked_logprobs`
-    when the head is plain (else from the logits, as :func:`~vf_rl.trainer.loss.policy_logprobs`).
+    when the head is plain (else from the logits, as :func:`policy_logprobs`).
 
     Returns:
         ``(logprobs [B, T] float32 (requires grad), entropy [B, T] float32)``.
     """
-    from .loss import selective_logprobs
 
     found = _lm_head(model) if chunked else None
     kwargs = dict(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False,
@@ -326,3 +325,60 @@ def micro_batch_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 
     if "layout" in mb:
         return packed_policy_logprobs(model, mb, temperature, chunked)
     return padded_policy_logprobs(model, mb, temperature, chunked)
+
+
+def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
+                       temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of ``token_ids`` under ``softmax(logits / temperature)``, and the entropy.
+
+    Computed as ``logit(token) - logsumexp(logits)`` one row at a time, so that no full
+    ``[B, T, V]`` log-softmax (or its float32 copy) is ever held: the backward pass keeps only
+    the logits themselves (one float32 ``[T, V]`` copy per row when ``temperature != 1`` or the
+    logits are bf16). Same idea as TRL's ``selective_log_softmax``.
+
+    Args:
+        logits: ``[B, T, V]`` float, the model's logits at positions that *predict* the tokens
+            (i.e. already shifted: ``logits[:, t]`` predicts ``token_ids[:, t]``).
+        token_ids: ``[B, T]`` long.
+        temperature: the sampling temperature (> 0). vf-vllm reports log-probs after
+            temperature scaling (``--logprobs-mode processed_logprobs``), so this matches.
+    Returns:
+        ``(logprobs [B, T] float32, entropy [B, T] float32)``; entropy is computed without
+        grad (nats).
+    """
+    logprobs, entropies = [], []
+    for row, ids in zip(logits, token_ids):
+        row = row.float()
+        if temperature != 1.0:
+            row = row / temperature
+        lse = torch.logsumexp(row, dim=-1)
+        logprobs.append(row.gather(-1, ids[:, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            entropies.append(lse - (torch.softmax(row, dim=-1) * row).sum(-1))
+    return torch.stack(logprobs), torch.stack(entropies)
+
+
+def policy_logprobs(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor], start: int,
+                    temperature: float = 1.0, logits_to_keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward ``model`` on a micro batch and take the log-probs of its tokens from ``start`` on.
+
+    Only positions ``start - 1`` onwards go through the LM head (transformers'
+    ``logits_to_keep``), so the ``[B, T, V]`` logits cover completions, not prompts; no KV
+    cache is built (``use_cache=False``).
+
+    Args:
+        model: a causal LM (``logits_to_keep`` must be one of its forward's arguments when
+            ``logits_to_keep`` is true; all current transformers decoder models have it).
+        micro_batch: ``input_ids`` and ``attention_mask`` ``[B, L]`` long
+            (batching.micro_batches), on the model's device.
+        start: the first position with a trained token, ``1 <= start < L``
+            (batching.first_trained_position).
+        temperature: see :func:`selective_logprobs`.
+    Returns:
+        ``(logprobs [B, L - start], entropy [B, L - start])``: column ``i`` is token ``start + i``.
+    """
+    ids = micro_batch["input_ids"]
+    keep = ids.shape[1] - start + 1  # the logit at start - 1 predicts token start; the last predicts nothing
+    kwargs = {"logits_to_keep": keep} if logits_to_keep else {}
+    logits = model(input_ids=ids, attention_mask=micro_batch["attention_mask"], use_cache=False, **kwargs).logits
+    return selective_logprobs(logits[:, -keep:-1], ids[:, start:], temperature)

@@ -17,25 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
-import os
-import shutil
 import time
 from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
 import torch
-from transformers import AutoTokenizer, PreTrainedModel, Trainer
+from transformers import AutoTokenizer, PreTrainedModel
 from transformers.trainer_callback import ProgressCallback
 
-try:
-    from transformers.trainer_utils import rotate_checkpoints
-except ImportError:  # transformers 4.x: a Trainer method
-    rotate_checkpoints = None
-
-from vf_rl.config.args import SAMPLING_DEFAULTS
-from vf_rl.config.rl_config import RLConfig
+from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.config.rules import choose_weight_sync
 from vf_rl.envs import Environment
 from vf_rl.inference.client import InferenceClient
@@ -46,11 +37,12 @@ from vf_rl.metrics import env_metrics, rollout_metrics
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .attention import register_attention
-from .batching import first_trained_position, micro_batches, prompt_rows, shard
-from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating, truncate_jsonl
+from .batching import StepsDataset, first_trained_position, micro_batches, prompt_rows, shard
+from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
+from .checkpoints import CheckpointingTrainer
 from .filtering import DifficultyFilter
-from .logprobs import micro_batch_logprobs
-from .loss import LossFn, LossInputs, get_loss, micro_batch_loss, policy_logprobs
+from .logprobs import micro_batch_logprobs, policy_logprobs
+from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import start_orchestrator
@@ -60,38 +52,7 @@ from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
 
 
-class _StepsDataset(torch.utils.data.Dataset):
-    """Placeholder data for ``Trainer``'s loop: one item per process per step. Real batches
-    come from the orchestrator."""
-
-    def __init__(self, length: int):
-        self.length = length
-
-    def __len__(self) -> int:
-        return self.length
-
-    def __getitem__(self, i: int) -> dict:
-        return {"step": i}
-
-
-def resolve_temperature(args: RLConfig, env: Environment) -> None:
-    """``args.temperature`` left ``None``: the environment's sampling temperature, else
-    ``SAMPLING_DEFAULTS``' 1.0; the trainer's log-probs use it too (the importance ratio compares
-    log-probs at one temperature).
-
-    Raises:
-        ValueError: the environments of a mixture ask for different temperatures."""
-    if args.temperature is not None:
-        return
-    envs = list(getattr(env, "envs", {}).values()) or [env]
-    asked = {e.sampling_args["temperature"] for e in envs if "temperature" in (getattr(e, "sampling_args", None) or {})}
-    if len(asked) > 1:
-        raise ValueError(f"the environments ask for different temperatures ({sorted(asked)}); set "
-                         "trainer.args.temperature")
-    args.temperature = asked.pop() if asked else SAMPLING_DEFAULTS["temperature"]
-
-
-class RLTrainer(Trainer):
+class RLTrainer(CheckpointingTrainer):
     """Asynchronous RL trainer (one step off-policy) for vf-rl environments.
 
     Args:
@@ -128,8 +89,8 @@ class RLTrainer(Trainer):
         self.served_model_name = kwargs.pop("served_model_name", model_id)
         with_eval = evaluating(args) or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},
-                         train_dataset=_StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
-                         eval_dataset=_StepsDataset(1) if with_eval else None, **kwargs)
+                         train_dataset=StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
+                         eval_dataset=StepsDataset(1) if with_eval else None, **kwargs)
         self.env = env
         # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
         self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
@@ -160,7 +121,6 @@ class RLTrainer(Trainer):
         self._timings: dict[str, float] = {}  # seconds per phase of the current step
         self._server_reconnects = 0  # batches generated again after the server came back
         self._started = time.perf_counter()  # reset once the server answers: timing/elapsed_s counts from there
-        self._checkpoint_staging: Path | None = None
         self._last_eval: tuple[int, dict] = (-1, {})
         self._rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len,
                                  args.seed if args.shuffle_dataset else None)
@@ -181,7 +141,7 @@ class RLTrainer(Trainer):
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if resume_from_checkpoint and self.is_world_process_zero():
-            self._prepare_resume(resume_from_checkpoint)
+            self.prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
             print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
             print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
@@ -227,17 +187,6 @@ class RLTrainer(Trainer):
             zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
             difficulty_filter=DifficultyFilter.from_args(a))
         self.orchestrator = start_orchestrator(self.env, self._rows, a.orchestrator_process, **options)
-
-    def _prepare_resume(self, checkpoint: str | bool) -> None:
-        from transformers.trainer_utils import get_last_checkpoint
-
-        path = get_last_checkpoint(self.args.output_dir) if checkpoint is True else str(checkpoint)
-        if not path or not Path(path).is_dir():
-            raise ValueError(f"resume_from_checkpoint: no checkpoint found ({checkpoint!r} in {self.args.output_dir})")
-        step = json.loads((Path(path) / "trainer_state.json").read_text())["global_step"]
-        for name in ("metrics.jsonl", "batches.jsonl"):
-            truncate_jsonl(Path(self.args.output_dir) / name, step)
-        print(f"Resuming from {path} (step {step})", flush=True)
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """One optimizer step's forward/backward passes (``Trainer`` then steps the optimizer)."""
@@ -336,7 +285,7 @@ class RLTrainer(Trainer):
         append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
         if batch.step % max(int(self.args.logging_steps), 1) == 0:
             display.sample_table(batch, batch.step + 1)
-            self._log_sample_table(batch)
+            display.wandb_sample_table(batch, self.args.report_to)
 
     def _share_batch(self, batch: Batch | None) -> Batch:
         """Several processes: the main process's batch, sent to every other process (each
@@ -479,38 +428,6 @@ class RLTrainer(Trainer):
         if self.orchestrator is not None:
             self.orchestrator.set_active(reached)
 
-    # --- checkpoints --------------------------------------------------------------------------
-
-    def _get_output_dir(self, trial):
-        return str(self._checkpoint_staging) if self._checkpoint_staging else super()._get_output_dir(trial)
-
-    def _save_checkpoint(self, model, trial) -> None:
-        """Write ``checkpoint-<step>`` under a temporary name and rename it when complete, so a
-        kill mid-save never leaves a half-written checkpoint that resume would pick."""
-        out = Path(self.args.output_dir)
-        step = self.state.global_step
-        staging = out / f".tmp-checkpoint-{step}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)
-        self._checkpoint_staging = staging
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self._checkpoint_staging = None
-        if self.args.should_save:
-            written = staging / f"checkpoint-{step}"
-            final = out / f"checkpoint-{step}"
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(written, final)
-            shutil.rmtree(staging, ignore_errors=True)
-            if rotate_checkpoints is not None:  # transformers >= 5
-                rotate_checkpoints(output_dir=str(out), save_total_limit=self.args.save_total_limit,
-                                   best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
-            else:
-                self._rotate_checkpoints(use_mtime=False, output_dir=str(out))
-        self.accelerator.wait_for_everyone()
-
     # --- logging ------------------------------------------------------------------------------
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
@@ -518,16 +435,3 @@ class RLTrainer(Trainer):
             logs = {**logs, **self._step_metrics}
             self._step_metrics = {}
         super().log(logs, *args, **kwargs)
-
-    def _log_sample_table(self, batch: Batch) -> None:
-        """A prompt/completion/reward table in wandb when a run is active."""
-        if "wandb" not in (self.args.report_to or []):
-            return
-        import wandb
-
-        if wandb.run is None:
-            return
-        table = wandb.Table(columns=["step", "prompt", "completion", "reward"])
-        for r in batch.rollouts[:8]:
-            table.add_data(batch.step + 1, display.last_text(r.prompt), display.last_text(r.completion), r.reward)
-        wandb.log({"samples": table}, commit=False)

@@ -1,0 +1,64 @@
+#!/bin/bash
+# Rebuild (here, no GPU needed, ~10 min) the git-ignored transfer folders a GPU session needs.
+# usage: scripts/gpu/build_bundle.sh [REPO_ROOT]        (default: the repo this script lives in)
+# env:   PY312 (a CPython 3.12, default ~/.pyenv/versions/3.12.1), MODEL (SmolLM2-135M-Instruct dir),
+#        WORK (the vLLM builder's work dir, default /tmp/vgw)
+# Layout in REPO_ROOT (each folder < 58 MiB; parts split with `split -b 56m`):
+#   .c1  site.tar.xz.aa        .c2  site.tar.xz.ab        (vLLM 0.26 bundle, shared/tools/gpu-vllm)
+#   .c3  smol.st.xz.aa         .c4  smol.st.xz.ab         (SmolLM2 model.safetensors, xz)
+#   .c5  site.tar.xz.ac + smol.st.xz.ac + smol/ + smol.sha256
+#   .gpu whl/*.whl (+README.txt), debs/*.deb (tmux)
+# One `run` call per transfer, carry: [.c1], [.c2], [.c3], [.c4], [.c5] then [.gpu] (the end of this
+# script says whether .c5 and .gpu fit in one carry); each run moves its folder to /tmp/chunks/ at once
+# (`mkdir -p /tmp/chunks; mv .cN /tmp/chunks/`), then `source scripts/gpu/env.sh` unpacks everything.
+set -euo pipefail
+REPO=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
+MODEL=${MODEL:-$HOME/.cache/vf-rl/models/SmolLM2-135M-Instruct}
+export PY312=${PY312:-$HOME/.pyenv/versions/3.12.1/bin/python3.12} WORK=${WORK:-/tmp/vgw}
+TOOLS=${TOOLS:-/work/shared/tools/gpu-vllm}                # the vLLM bundle builder
+MiB=1048576
+for d in .c1/ .gpu/; do git -C "$REPO" check-ignore -q $d || { echo "$d is not git-ignored" >&2; exit 1; }; done
+
+# 1. vLLM bundle + model parts (its 62 MiB split is too big for us: re-split below)
+rm -rf "$REPO"/.c[0-9] "$REPO/.gpu" "$WORK"/site.tar.xz* "$WORK"/smol.st.xz*
+"$TOOLS/build_bundle.sh" "$REPO" "$MODEL"
+rm -rf "$REPO"/.c[0-9]
+cd "$WORK"
+split -b 56m -a 2 site.tar.xz site.tar.xz.
+split -b 56m -a 2 smol.st.xz smol.st.xz.
+n=0; put() { n=$((n+1)); mkdir -p "$REPO/.c$n"; mv "$@" "$REPO/.c$n/"; }
+s=(site.tar.xz.??) m=(smol.st.xz.??)
+for p in "${s[@]:0:${#s[@]}-1}" "${m[@]:0:${#m[@]}-1}"; do put "$p"; done
+if (( $(stat -c %s "${s[-1]}") + $(stat -c %s "${m[-1]}") > 53*MiB )); then
+  put "${s[-1]}"; put "${m[-1]}"                           # too big to share a folder
+else put "${s[-1]}" "${m[-1]}"; fi                         # the last parts share the final folder
+mkdir -p "$REPO/.c$n/smol"
+cp "$MODEL"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} "$REPO/.c$n/smol/"
+(cd "$MODEL" && sha256sum model.safetensors) > "$REPO/.c$n/smol.sha256"
+
+# 2. extra wheels for what the GPU image lacks (it has torch, transformers, numpy, pandas, pyarrow,
+#    sympy, aiohttp, ...; dill and pydantic come with the vLLM bundle); unpinned ones as in .venv
+ver() { "$REPO/.venv/bin/python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+pkgs="trl==1.16.0 datasets==5.0.1 multiprocess==0.70.19 liger_kernel==0.8.5"
+for p in libtmux tomli_w math-verify latex2sympy2_extended antlr4-python3-runtime faker english-words bm25s; do
+  pkgs+=" $p==$(ver $p)"
+done
+mkdir -p "$REPO/.gpu/whl" "$REPO/.gpu/debs"
+"$REPO/.venv/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+  --platform manylinux2014_x86_64 -d "$REPO/.gpu/whl" $pkgs
+{ echo "Extra wheels for the GPU image (Python 3.12), installed by scripts/gpu/env.sh with"
+  echo "pip install --no-index --no-deps --target /tmp/site2. Built by scripts/gpu/build_bundle.sh from:"
+  echo "$pkgs" | tr ' ' '\n'; echo; echo "Files:"; (cd "$REPO/.gpu/whl" && ls *.whl); } > "$REPO/.gpu/whl/README.txt"
+
+# 3. tmux (Debian bookworm .debs, unpacked with dpkg -x) and the libraries a minimal image may lack
+(cd "$REPO/.gpu/debs" && apt-get download -q tmux libevent-core-2.1-7 libutempter0 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
+ls "$REPO"/.gpu/debs/tmux_*.deb >/dev/null
+
+# 4. check the parts reassemble, then sizes
+cd "$REPO"
+cat $(ls .c[0-9]/site.tar.xz.?? | sort -t/ -k2) | xz -t -T0
+cat $(ls .c[0-9]/smol.st.xz.?? | sort -t/ -k2) | xz -dc -T0 | sha256sum | cut -d' ' -f1 | grep -qx "$(cut -d' ' -f1 .c$n/smol.sha256)"
+echo "parts OK: site.tar.xz (xz -t), smol model (sha256)"
+du -sh .c[0-9] .gpu
+last=$(du -sb .c$n .gpu | awk '{t+=$1} END {print int(t/1048576)}')
+if (( last <= 60 )); then echo "carry .c$n and .gpu together ($last MiB)"; else echo "carry .gpu alone: .c$n + .gpu = $last MiB > 60"; fi
