@@ -2,14 +2,15 @@
 # Rebuild (here, no GPU needed, ~10 min) the git-ignored transfer folders a GPU session needs.
 # usage: scripts/gpu/build_bundle.sh [REPO_ROOT]        (default: the repo this script lives in)
 # env:   PY312 (a CPython 3.12, default ~/.pyenv/versions/3.12.1), MODEL (SmolLM2-135M-Instruct dir),
-#        WORK (the vLLM builder's work dir, default /tmp/vgw)
+#        WORK (the vLLM builder's work dir, default /tmp/vgw), TOOLS (that builder's folder)
 # Layout in REPO_ROOT (each folder < 58 MiB; parts split with `split -b 56m`):
 #   .c1  site.tar.xz.aa        .c2  site.tar.xz.ab        (vLLM 0.26 bundle, shared/tools/gpu-vllm)
 #   .c3  smol.st.xz.aa         .c4  smol.st.xz.ab         (SmolLM2 model.safetensors, xz)
 #   .c5  site.tar.xz.ac + smol.st.xz.ac + smol/ + smol.sha256
 #   .gpu whl/*.whl (+README.txt), debs/*.deb (tmux)
-# One `run` call per transfer, carry: [.c1], [.c2], [.c3], [.c4], [.c5] then [.gpu] (the end of this
-# script says whether .c5 and .gpu fit in one carry); each run moves its folder to /tmp/chunks/ at once
+# One `run` call per transfer, carry: [.c1], [.c2], [.c3], [.c4], [.c5], [.gpu]: .c5 + .gpu is ~68 MiB,
+# over the ~60 MiB a carry may take with the checkout, so .gpu travels alone (the end of this script
+# prints the sum and says which). Each run moves its folder to /tmp/chunks/ at once
 # (`mkdir -p /tmp/chunks; mv .cN /tmp/chunks/`), then `source scripts/gpu/env.sh` unpacks everything.
 set -euo pipefail
 REPO=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
