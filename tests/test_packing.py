@@ -60,9 +60,9 @@ def test_pack_for_rank_gives_every_process_the_same_number_of_micro_batches():
 def test_shared_prompt_needs_the_same_prompt_tokens():
     a, b = group_samples([(5, [3, 4])])
     b.input_ids[0] += 1  # same group id, different prompt: no sharing
-    assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + len(b.input_ids)
+    assert packed_micro_batch([a, b], share_prompts=True).tokens == len(a.input_ids) + len(b.input_ids)
     b.input_ids[0] -= 1
-    assert packed_micro_batch([a, b], share_prompts=True)["tokens"] == len(a.input_ids) + 4
+    assert packed_micro_batch([a, b], share_prompts=True).tokens == len(a.input_ids) + 4
 
 
 def test_plan_packs_only_where_it_saves_work():
@@ -73,17 +73,28 @@ def test_plan_packs_only_where_it_saves_work():
         s.group = -1
     assert default_token_budget(fixed, 2) == 32
     plan = plan_micro_batches(fixed, 1, 0, 2, None, True, pad_token_id=0)
-    assert len(plan) == 2 and all("layout" not in mb for mb in plan)  # padded: the plain kernel
-    assert all(mb["attention_mask"] is None and mb["tokens"] == 32 for mb in plan)  # no padding: no mask
-    assert plan[0]["loss_mask"].shape == (2, 8) and plan[0]["keep"] == 9
+    assert len(plan) == 2 and not any(mb.packed for mb in plan)  # padded: the plain kernel
+    assert all(mb.attention_mask is None and mb.tokens == 32 for mb in plan)  # no padding: no mask
+    assert plan[0].loss_mask.shape == (2, 8) and plan[0].keep == 9
     shared = group_samples([(8, [8, 8, 8, 8])])  # one prompt: packing forwards 8 + 4 * 8 = 40 of 64
     assert should_pack(shared, share_prompts=True) and not should_pack(shared, share_prompts=False)
     plan = plan_micro_batches(shared, 1, 0, 2, None, True, pad_token_id=0)  # budget 32: 8 + 3 * 8, then 16
-    assert ["layout" in mb for mb in plan] == [True, False] and [mb["tokens"] for mb in plan] == [32, 16]
+    assert [mb.packed for mb in plan] == [True, False] and [mb.tokens for mb in plan] == [32, 16]
     ragged = group_samples([(4, [20]), (4, [2])])  # padded 2 x 24 = 48 tokens, packed 30
-    assert should_pack(ragged) and "layout" in plan_micro_batches(ragged, 1, 0, 2, None, False, 0)[0]
+    assert should_pack(ragged) and plan_micro_batches(ragged, 1, 0, 2, None, False, 0)[0].packed
     assert not should_pack(group_samples([(4, [20]), (4, [18])]))  # padding 2 of 48: under 10%
     assert len(plan_micro_batches(ragged, 1, 0, 1, 24, False, 0)) == 2  # micro_batch_tokens overrides
+
+
+def test_plan_without_padding_free_is_padded_micro_batches_of_micro_batch_size():
+    """padding_free = false: this process's shard in padded micro batches of micro_batch_size
+    samples, whatever packing would save; the two processes' shards cover the batch once."""
+    samples = group_samples([(4, [20, 2, 9, 5]), (6, [3, 3, 7, 1])])
+    plans = [plan_micro_batches(samples, 2, rank, 2, None, True, 0, padding_free=False) for rank in (0, 1)]
+    assert [len(p) for p in plans] == [2, 2]
+    assert all(not mb.packed and mb.input_ids.shape[0] == 2 for p in plans for mb in p)
+    assert sum(mb.tokens for p in plans for mb in p) == sum(len(s.input_ids) for s in samples)
+    assert sum(int(mb.loss_mask.sum()) for p in plans for mb in p) == sum(sum(s.loss_mask[1:]) for s in samples)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +124,7 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     grads_ref = {n: p.grad.clone() for n, p in smol.named_parameters()}
 
     mb = packed_micro_batch(samples, share_prompts)
-    assert mb["tokens"] == (9 + 4 + 6 + 2 + 7 + 5 + 3 if share_prompts else sum(len(s.input_ids) for s in samples))
+    assert mb.tokens == (9 + 4 + 6 + 2 + 7 + 5 + 3 if share_prompts else sum(len(s.input_ids) for s in samples))
     smol.zero_grad()
     import vf_rl.trainer.logprobs as packing
 
@@ -124,13 +135,13 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     finally:
         packing.LOGPROB_CHUNK_BYTES = old
     cols = torch.tensor([s.prompt_len for s in samples])[:, None] + torch.arange(lp.shape[1])
-    (lp * weights.gather(1, cols)).masked_fill(~mb["loss_mask"], 0).sum().backward()
+    (lp * weights.gather(1, cols)).masked_fill(~mb.loss_mask, 0).sum().backward()
     for b, s in enumerate(samples):  # row b's columns: padded from `start`, packed from the sample's prompt_len
         n = len(s.input_ids) - s.prompt_len
         off = s.prompt_len - start
         assert torch.allclose(lp[b, :n], lp_ref[b, off:off + n], atol=2e-5), b
         assert torch.allclose(ent[b, :n], ent_ref[b, off:off + n], atol=2e-5), b
-        assert mb["loss_mask"][b, :n].all() and not mb["loss_mask"][b, n:].any()
+        assert mb.loss_mask[b, :n].all() and not mb.loss_mask[b, n:].any()
     for name, p in smol.named_parameters():  # float32 sums in another order: relative L2 difference
         diff = float((p.grad - grads_ref[name]).norm() / grads_ref[name].norm())
         assert diff < 1e-4, (name, diff)
@@ -151,11 +162,11 @@ def test_padded_forward_with_chunked_head_matches_policy_logprobs(smol, ragged):
     (lp_ref * weights[:, :lp_ref.shape[1]]).masked_fill(~mask_ref, 0).sum().backward()
     grads_ref = {n: p.grad.clone() for n, p in smol.named_parameters()}
     mb = padded_micro_batch(samples, pad_token_id=0)
-    assert (mb["attention_mask"] is None) == (not ragged)
+    assert (mb.attention_mask is None) == (not ragged)
     smol.zero_grad()
     lp, ent = padded_policy_logprobs(smol, mb)
-    (lp * weights[:, :lp.shape[1]]).masked_fill(~mb["loss_mask"], 0).sum().backward()
-    assert torch.equal(mb["loss_mask"], mask_ref)
+    (lp * weights[:, :lp.shape[1]]).masked_fill(~mb.loss_mask, 0).sum().backward()
+    assert torch.equal(mb.loss_mask, mask_ref)
     assert torch.allclose(lp.masked_fill(~mask_ref, 0), lp_ref.masked_fill(~mask_ref, 0), atol=2e-5)
     assert torch.allclose(ent.masked_fill(~mask_ref, 0), ent_ref.masked_fill(~mask_ref, 0), atol=2e-5)
     for name, p in smol.named_parameters():

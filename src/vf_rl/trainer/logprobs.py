@@ -10,9 +10,14 @@ micro batch (``packing.py``) and takes the log-probs of its trained tokens.
 
 from __future__ import annotations
 
+import inspect
 import os
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from .packing import MicroBatch
 
 LOGPROB_CHUNK_BYTES = 256 * 2**20
 """Float32 logits per chunk of :func:`chunked_logprobs` (rows = this / (4 * vocab))."""
@@ -251,10 +256,10 @@ def _lm_head(model):
     return inner, head
 
 
-def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 1.0,
+def packed_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
                            chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward a packed micro batch (:func:`packed_micro_batch`, on the device) and return the
-    log-probs and entropy of its trained-side tokens in the ``[B, T]`` layout of ``mb["valid"]``.
+    log-probs and entropy of its trained-side tokens in the ``[B, T]`` layout of ``mb.valid``.
 
     The model runs once on the ``[1, N]`` row with ``position_ids`` and the layout (attention
     ``"vf_rl_packed"`` must be the model's implementation), ``use_cache=False``, and
@@ -269,9 +274,9 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     found = _lm_head(model) if chunked else None
     # a 4-D attention_mask is passed through as is: transformers then skips building a mask and
     # detecting packed sequences from position_ids (a host sync); the layout defines attention
-    kwargs = dict(input_ids=mb["input_ids"], position_ids=mb["position_ids"], use_cache=False,
-                  attention_mask=_no_mask(mb["input_ids"].device), logits_to_keep=mb["predict_index"],
-                  vf_rl_packing=mb["layout"])
+    kwargs = dict(input_ids=mb.input_ids, position_ids=mb.position_ids, use_cache=False,
+                  attention_mask=_no_mask(mb.input_ids.device), logits_to_keep=mb.predict_index,
+                  vf_rl_packing=mb.layout)
     if found is not None:
         owner, head = found
         owner.lm_head = _Identity()
@@ -279,18 +284,26 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
             hidden = model(**kwargs).logits[0]  # [M, H]
         finally:
             owner.lm_head = head
-        logprobs, entropy = chunked_logprobs(hidden, head.weight, mb["targets"], temperature)
+        logprobs, entropy = chunked_logprobs(hidden, head.weight, mb.targets, temperature)
     else:
         logits = model(**kwargs).logits  # [1, M, V]
-        logprobs, entropy = selective_logprobs(logits, mb["targets"][None], temperature)
+        logprobs, entropy = selective_logprobs(logits, mb.targets[None], temperature)
         logprobs, entropy = logprobs[0], entropy[0]
-    shape, cells = mb["valid"].shape, mb["cells"]  # scatter/gather by index: no host sync (masked_* would)
+    shape, cells = mb.valid.shape, mb.cells  # scatter/gather by index: no host sync (masked_* would)
     out_lp = logprobs.new_zeros(shape.numel()).scatter(0, cells, logprobs).view(shape)
     out_ent = entropy.new_zeros(shape.numel()).scatter(0, cells, entropy.detach()).view(shape)
     return out_lp, out_ent
 
 
-def padded_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 1.0,
+def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
+    """Whether the (unwrapped) model's forward takes ``logits_to_keep`` (every current
+    transformers decoder model does)."""
+    from .model import base_model
+
+    return "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
+
+
+def padded_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
                            chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward a padded micro batch (:func:`padded_micro_batch`, on the device): the model's own
     attention (sdpa; causal without a mask when no row is padded), the LM head only from the
@@ -302,15 +315,16 @@ def padded_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     """
 
     found = _lm_head(model) if chunked else None
-    kwargs = dict(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False,
-                  logits_to_keep=mb["keep"])
-    targets = mb["targets"]
+    kwargs = dict(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
+    if _takes_logits_to_keep(model):  # the LM head only from the first trained position on
+        kwargs["logits_to_keep"] = mb.keep
+    targets = mb.targets
     if found is None:
-        return selective_logprobs(model(**kwargs).logits[:, :-1], targets, temperature)
+        return selective_logprobs(model(**kwargs).logits[:, -mb.keep:-1], targets, temperature)
     owner, head = found
     owner.lm_head = _Identity()
     try:
-        hidden = model(**kwargs).logits[:, :-1]  # [B, T, H]
+        hidden = model(**kwargs).logits[:, -mb.keep:-1]  # [B, T, H]
     finally:
         owner.lm_head = head
     logprobs, entropy = chunked_logprobs(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
@@ -318,11 +332,11 @@ def padded_policy_logprobs(model: torch.nn.Module, mb: dict, temperature: float 
     return logprobs.view(targets.shape), entropy.view(targets.shape)
 
 
-def micro_batch_logprobs(model: torch.nn.Module, mb: dict, temperature: float = 1.0,
+def micro_batch_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
                          chunked: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs and entropy ``[B, T]`` of a micro batch from :func:`plan_micro_batches`, packed
     or padded."""
-    if "layout" in mb:
+    if mb.packed:
         return packed_policy_logprobs(model, mb, temperature, chunked)
     return padded_policy_logprobs(model, mb, temperature, chunked)
 

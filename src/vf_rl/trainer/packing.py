@@ -1,7 +1,8 @@
-"""Padding-free micro batches with shared prompts: which samples go in which micro batch, and
-the tensors of each (packed or padded).
+"""Micro batches: which samples go in which forward/backward pass, and the tensors of each
+(:class:`MicroBatch`, packed or padded).
 
-Used by ``RLTrainer._train_on_batch`` when ``padding_free`` is on:
+``RLTrainer._train_on_batch`` takes its micro batches from :func:`plan_micro_batches` and runs
+every one the same way (``logprobs.micro_batch_logprobs``). With ``padding_free`` on:
 
 1. **Packing** (:func:`plan_micro_batches`, :func:`pack_samples`, :func:`packed_micro_batch`):
    samples are grouped greedily in batch order into micro batches of at most a token budget
@@ -20,6 +21,8 @@ Used by ``RLTrainer._train_on_batch`` when ``padding_free`` is on:
    every completion flow into the single prompt copy, so log-probs and gradients equal the
    plain forward's (tests/test_packing.py).
 
+With ``padding_free`` off, every micro batch is ``micro_batch_size`` padded rows.
+
 A packed micro batch's :class:`PackedLayout` describes its *segments* for the attention:
 segment ``s`` has queries ``q[cu_q[s]:cu_q[s+1]]`` and keys ``k[key_index][cu_k[s]:cu_k[s+1]]``
 (for a plain sample the keys are its own tokens; for a completion sharing a prompt, the
@@ -28,6 +31,7 @@ prompt's keys then its own).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -121,41 +125,43 @@ def should_pack(samples: list[Sample], share_prompts: bool = False, min_saving: 
 
 
 def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int,
-                       micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int) -> list[dict]:
-    """This process's micro batches of a batch (host tensors), for ``padding_free``.
+                       micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int,
+                       padding_free: bool = True) -> list[MicroBatch]:
+    """This process's micro batches of a batch (host tensors).
 
-    Samples are packed greedily by a token budget (``micro_batch_tokens``, else
-    :func:`default_token_budget` of the whole batch, the same on every process; see
+    ``padding_free``: samples are packed greedily by a token budget (``micro_batch_tokens``,
+    else :func:`default_token_budget` of the whole batch, the same on every process; see
     :func:`pack_for_rank`); each micro batch then runs packed (:func:`packed_micro_batch`) when
-    :func:`should_pack`, else padded (:func:`padded_micro_batch`). Both forms have ``tokens``
-    (real tokens forwarded) and ``loss_mask``/``sampling_logprobs`` ``[B, T]`` starting at the
-    first trained column; :func:`micro_batch_logprobs` runs either.
+    :func:`should_pack`, else padded (:func:`padded_micro_batch`). Otherwise: this process's
+    shard (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
+    if not padding_free:
+        from .batching import shard
+
+        mine = shard(samples, world_size, rank, micro_batch_size)
+        return [padded_micro_batch(mine[i:i + micro_batch_size], pad_token_id)
+                for i in range(0, len(mine), micro_batch_size)]
     budget = micro_batch_tokens or default_token_budget(samples, micro_batch_size)
     packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
     return [packed_micro_batch(p, share_prompts) if should_pack(p, share_prompts) else
             padded_micro_batch(p, pad_token_id) for p in packs]
 
 
-def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> dict:
-    """``samples`` as right-padded ``[B, L]`` rows (host tensors).
-
-    Returns:
-        ``input_ids`` ``[B, L]``; ``attention_mask`` ``[B, L]``, or None when no row is padded
-        (then attention is plainly causal: no mask to build); ``keep`` (positions from ``start
-        - 1`` on, for ``logits_to_keep``); ``targets``, ``loss_mask``, ``sampling_logprobs``
-        ``[B, T]`` from ``start`` (the first trained position, ``T = L - start``);
-        ``advantages`` ``[B]``; ``tokens`` (real tokens).
-    """
+def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> MicroBatch:
+    """``samples`` as right-padded ``[B, L]`` rows (host tensors): ``attention_mask`` None when
+    no row is padded (attention is then plainly causal: no mask to build); the ``[B, T]``
+    columns start at the batch's first trained position ``start`` (``T = L - start``), and the
+    LM head runs from ``start - 1`` on (``keep``)."""
     from .batching import first_trained_position, micro_batches
 
     mb = micro_batches(samples, len(samples), pad_token_id)[0]
     start = first_trained_position(mb["loss_mask"])
     lengths = {len(s.input_ids) for s in samples}
-    return {"input_ids": mb["input_ids"], "attention_mask": mb["attention_mask"] if len(lengths) > 1 else None,
-            "keep": mb["input_ids"].shape[1] - start + 1, "targets": mb["input_ids"][:, start:],
-            "loss_mask": mb["loss_mask"][:, start:], "sampling_logprobs": mb["sampling_logprobs"][:, start:],
-            "advantages": mb["advantages"], "tokens": sum(len(s.input_ids) for s in samples)}
+    return MicroBatch(input_ids=mb["input_ids"], targets=mb["input_ids"][:, start:],
+                      loss_mask=mb["loss_mask"][:, start:], sampling_logprobs=mb["sampling_logprobs"][:, start:],
+                      advantages=mb["advantages"], tokens=sum(len(s.input_ids) for s in samples),
+                      attention_mask=mb["attention_mask"] if len(lengths) > 1 else None,
+                      keep=mb["input_ids"].shape[1] - start + 1)
 
 
 def first_trained(sample: Sample) -> int:
@@ -192,20 +198,63 @@ class PackedLayout:
                             self.segments)
 
 
-def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> dict:
-    """One packed micro batch of ``B`` samples (host tensors).
+@dataclass
+class MicroBatch:
+    """One forward/backward pass: ``B`` samples, packed into one row or padded.
 
-    Returns:
-        A dict with ``input_ids`` and ``position_ids`` ``[1, N]`` long (``N`` real tokens),
-        ``layout`` (:class:`PackedLayout`), ``predict_index`` ``[M]`` long (the row position
-        whose hidden state predicts each trained-side token), ``targets`` ``[M]`` long,
-        ``valid`` ``[B, T]`` bool (which of the ``[B, T]`` cells hold one of the ``M``
-        tokens, in row-major order), ``cells`` ``[M]`` long (their flat indices in ``[B * T]``),
-        ``loss_mask`` ``[B, T]`` bool, ``sampling_logprobs``
-        ``[B, T]`` float32, ``advantages`` ``[B]`` float32 and ``tokens`` (``N``, an int).
-        Column ``t`` of row ``b`` is token ``first_trained(sample_b) + t`` of sample ``b``
-        (``T`` = the longest such tail).
+    Both forms give the loss ``[B, T]`` tensors whose column ``t`` of row ``b`` is trained-side
+    token ``t`` of sample ``b`` (from its first trained position on).
+
+    Attributes:
+        input_ids: packed ``[1, N]`` long (``N`` real tokens), padded ``[B, L]`` long.
+        targets: the tokens whose log-probs are taken: packed ``[M]`` long, padded ``[B, T]``.
+        loss_mask: ``[B, T]`` bool.
+        sampling_logprobs: ``[B, T]`` float32, the inference server's log-probs.
+        advantages: ``[B]`` float32.
+        tokens: real tokens forwarded (host int; a shared prompt counts once).
+        layout: packed only: where each segment attends (:class:`PackedLayout`); its presence
+            is what makes a micro batch packed (:attr:`packed`).
+        position_ids: packed only, ``[1, N]`` long (restarting per sample).
+        predict_index: packed only, ``[M]`` long, the row position whose hidden state predicts
+            each target.
+        valid: packed only, ``[B, T]`` bool, which cells hold one of the ``M`` targets.
+        cells: packed only, ``[M]`` long, their flat indices in ``[B * T]``.
+        attention_mask: padded only, ``[B, L]`` long, or None when no row is padded.
+        keep: padded only, LM-head positions kept (``logits_to_keep``: ``L - start + 1``).
     """
+
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    tokens: int
+    layout: PackedLayout | None = None
+    position_ids: torch.Tensor | None = None
+    predict_index: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+    cells: torch.Tensor | None = None
+    attention_mask: torch.Tensor | None = None
+    keep: int = 0
+
+    @property
+    def packed(self) -> bool:
+        """One packed row (per-sample attention, ``attention.py``) rather than padded rows."""
+        return self.layout is not None
+
+    def to(self, device) -> MicroBatch:
+        """This micro batch with its tensors (and layout) on ``device`` (non-blocking copies)."""
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, (torch.Tensor, PackedLayout)):
+                moved[name] = value.to(device) if isinstance(value, PackedLayout) else value.to(device, non_blocking=True)
+        return MicroBatch(**moved)
+
+
+def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> MicroBatch:
+    """One packed micro batch of ``B`` samples (host tensors): column ``t`` of row ``b`` is
+    token ``first_trained(sample_b) + t`` of sample ``b`` (``T`` = the longest such tail); the
+    ``M`` targets in row-major order of ``valid``."""
     ids, positions, pos_maps = [], [], []
     q_segments, k_index, k_bounds = [], [], [0]
     share_k_index = False
@@ -251,19 +300,8 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> di
         key_index=torch.tensor(k_index, dtype=torch.long) if share_k_index else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
-    return {"input_ids": torch.tensor([ids], dtype=torch.long), "position_ids": torch.tensor([positions]),
-            "layout": layout, "predict_index": torch.tensor(predict, dtype=torch.long),
-            "targets": torch.tensor(targets, dtype=torch.long), "valid": valid,
-            "cells": torch.tensor(cells, dtype=torch.long), "loss_mask": loss_mask,
-            "sampling_logprobs": sampling, "advantages": torch.tensor([s.advantage for s in samples]),
-            "tokens": len(ids)}
-
-
-def to_device(mb: dict, device) -> dict:
-    """``mb`` with its tensors (and layout) on ``device`` (non-blocking copies)."""
-    out = {}
-    for k, v in mb.items():
-        if isinstance(v, (torch.Tensor, PackedLayout)):
-            v = v.to(device) if isinstance(v, PackedLayout) else v.to(device, non_blocking=True)
-        out[k] = v
-    return out
+    return MicroBatch(input_ids=torch.tensor([ids], dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
+                      loss_mask=loss_mask, sampling_logprobs=sampling,
+                      advantages=torch.tensor([s.advantage for s in samples]), tokens=len(ids), layout=layout,
+                      position_ids=torch.tensor([positions]), predict_index=torch.tensor(predict, dtype=torch.long),
+                      valid=valid, cells=torch.tensor(cells, dtype=torch.long))

@@ -16,7 +16,6 @@ environment's eval split; it does not change which rows the training batches use
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -37,16 +36,16 @@ from vf_rl.metrics import env_metrics, rollout_metrics
 from . import display
 from .advantage import AdvantageFn, get_advantage
 from .attention import register_attention
-from .batching import StepsDataset, first_trained_position, micro_batches, prompt_rows, shard
+from .batching import StepsDataset, prompt_rows
 from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
 from .checkpoints import CheckpointingTrainer
 from .filtering import DifficultyFilter
-from .logprobs import micro_batch_logprobs, policy_logprobs
+from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import start_orchestrator
-from .packing import plan_micro_batches, to_device
+from .packing import plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
 from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
@@ -104,9 +103,6 @@ class RLTrainer(CheckpointingTrainer):
                       "steps take longer)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
-        base = base_model(model)
-        # the LM head runs only on completion positions (models without the argument: all positions)
-        self._logits_to_keep = "logits_to_keep" in inspect.signature(base.forward).parameters
         self.remove_callback(ProgressCallback)
         self.add_callback(QuietProgress)
         self.add_callback(RunCallback)
@@ -309,40 +305,30 @@ class RLTrainer(CheckpointingTrainer):
         normalizer = max(loss_tokens, 1) / a.world_size
         # everything the micro batches need from the host is read and copied before the first
         # forward, so no copy or host read waits for queued GPU work inside the loop
-        if a.padding_free:  # micro batches by a token budget, each packed or padded (packing.py)
-            on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
-                                         a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id)
-            starts = [0] * len(on_host)  # their [B, T] columns start at the first trained token
-            trained_tokens = sum(mb["tokens"] for mb in on_host)
-            on_device = [to_device(mb, a.device) for mb in on_host]
-        else:
-            mine = shard(batch.samples, a.world_size, a.process_index, a.micro_batch_size)
-            on_host = micro_batches(mine, a.micro_batch_size, self.processing_class.pad_token_id)
-            starts = [first_trained_position(mb["loss_mask"]) for mb in on_host]
-            trained_tokens = sum(int(mb["attention_mask"].sum()) for mb in on_host)
-            on_device = [{k: v.to(a.device) for k, v in mb.items()} for mb in on_host]
-        my_loss_tokens = sum(int(mb["loss_mask"][:, start:].sum()) for mb, start in zip(on_host, starts))
+        on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
+                                     a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id,
+                                     a.padding_free)  # packed or padded (packing.py)
+        trained_tokens = sum(mb.tokens for mb in on_host)
+        my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
+        on_device = [mb.to(a.device) for mb in on_host]
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
         model.train()
         with lora_input_casts_off(model, self.accelerator.native_amp):  # exact, fewer copies (model.py)
-            for i, (mb, start) in enumerate(zip(on_device, starts)):
+            for i, mb in enumerate(on_device):
                 # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
                 # steps it) once per batch, after the last micro batch
                 last = i == len(on_device) - 1
                 self.accelerator.sync_gradients = last
                 with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
                     with self.compute_loss_context_manager():
-                        def policy(m, mb=mb, start=start):  # log-probs and entropy of this micro batch under m
-                            if a.padding_free:
-                                return micro_batch_logprobs(m, mb, a.temperature)
-                            return policy_logprobs(m, mb, start, a.temperature, self._logits_to_keep)
+                        def policy(m, mb=mb):  # log-probs and entropy [B, T] of this micro batch under m
+                            return micro_batch_logprobs(m, mb, a.temperature)
 
                         ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
                                                   lambda m: policy(m)[0]) if a.beta > 0 else None)
                         logprobs, entropy = policy(model)
-                        inputs = LossInputs(logprobs, mb["sampling_logprobs"][:, start:], mb["advantages"],
-                                            mb["loss_mask"][:, start:], entropy, ref)
+                        inputs = LossInputs(logprobs, mb.sampling_logprobs, mb.advantages, mb.loss_mask, entropy, ref)
                         loss, loss_stats = micro_batch_loss(self.loss_fn, inputs, a, normalizer)  # mask, KL, / N
                     self.accelerator.backward(loss)
                 total_loss += loss.detach()
