@@ -4,7 +4,7 @@ through the environment (``Orchestrator.run``, the trainer's own path and sampli
 against a vf-vllm server, for each request path of ``--paths``:
 
 - ``chat-thread``: one chat completion per rollout, the orchestrator a thread in this process;
-- ``group-thread``: one completion request per group (``envs/group_sampling.py``), a thread;
+- ``group-thread``: one completion request per group (``env_api/group_sampling.py``), a thread;
 - ``group-process``: one request per group, the orchestrator in its own process (the default
   of ``vf-train``, ``trainer/orchestrator_process.py``);
 
@@ -120,7 +120,7 @@ def main(argv=None) -> int:
 
     from vf_rl import RLConfig, load_environment
     from vf_rl.cli.eval import start_server
-    from vf_rl.envs import Environment
+    from vf_rl.env_api import Environment
     from vf_rl.trainer.batching import prompt_rows
     from vf_rl.trainer.orchestrator import Orchestrator
     from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source

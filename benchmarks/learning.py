@@ -168,8 +168,8 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
               "trainer": {"gpus": gpus, "args": args}}
     path = out / "vf-rl.toml"
     path.write_text(tomli_w.dumps(config))
-    sampler = PeakSampler(gpus > 0, marker=str(path) if not gpus else "")
-    server_sampler = PeakSampler(False, marker=f"--port {port}") if not gpus else None
+    # on the CPU: the trainer's and the server's memory (both read <output_dir>/resolved.toml)
+    sampler = PeakSampler(gpus > 0, marker=str((out / "vf-rl" / "resolved.toml").resolve()) if not gpus else "")
     metrics = out / "vf-rl" / "metrics.jsonl"
     start = time.perf_counter()
     log = out / "vf-rl.log"
@@ -182,7 +182,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
                 launch_to_step1 = time.perf_counter() - start
             time.sleep(0.5)
     wall = time.perf_counter() - start
-    peak = sampler.stop() + (server_sampler.stop() if server_sampler else 0.0)
+    peak = sampler.stop()
     if process.returncode != 0:
         raise RuntimeError(f"vf-rl failed ({process.returncode}): {log.read_text()[-3000:]}")
     records = [json.loads(line) for line in (out / "vf-rl" / "metrics.jsonl").read_text().splitlines()]

@@ -362,7 +362,7 @@ class VfSide:
 
     def _build_trainer(self, model, tokenizer, out_dir):
         from vf_rl.config.rl_config import RLConfig
-        from vf_rl.envs import load_environment
+        from vf_rl.env_api import load_environment
         from vf_rl.trainer.orchestrator import Batch
         from vf_rl.trainer.trainer import RLTrainer
 

@@ -52,7 +52,7 @@ def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.batching import Sample
     from vf_rl.trainer.orchestrator import Batch
 

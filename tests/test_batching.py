@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vf_rl.config.rules import ConfigError
-from vf_rl.envs import Rollout, Turn
+from vf_rl.env_api import Rollout, Turn
 from vf_rl.trainer.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
 from vf_rl.trainer.batching import Sample, exceeds_max_seq_len, micro_batches, rollout_to_samples, shard
 

@@ -37,7 +37,7 @@ def test_compiled_layers_train_like_the_eager_ones(model_dir, tmp_path):
     from torch._dynamo.utils import counters
     from transformers import AutoTokenizer
 
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.model import decoder_layers
     from vf_rl.trainer.orchestrator import Batch
 

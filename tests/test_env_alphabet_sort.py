@@ -7,8 +7,8 @@ from conftest import assert_rollouts_well_formed
 from datasets import Dataset
 
 import vf_rl.environments.alphabet_sort as alphabet_sort
+from vf_rl.env_api import load_environment
 from vf_rl.environments.alphabet_sort import example_session, sort_names, split_name
-from vf_rl.envs import load_environment
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from conftest import assert_rollouts_well_formed
 
+from vf_rl.env_api import load_environment
 from vf_rl.environments.wordle import (
     EXAMPLE_SECRET,
     RULES,
@@ -15,7 +16,6 @@ from vf_rl.environments.wordle import (
     judge,
     score_guess,
 )
-from vf_rl.envs import load_environment
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import textwrap
 import pytest
 
 import vf_rl
-from vf_rl.envs import Rubric, SingleTurnEnv, XMLParser, builtin_environments, load_environment
-from vf_rl.envs.registry import module_name
+from vf_rl.env_api import Rubric, SingleTurnEnv, XMLParser, builtin_environments, load_environment
+from vf_rl.env_api.registry import module_name
 
 
 def test_module_name_convention():

@@ -78,7 +78,7 @@ def sampled(port: int, model: str, n: int = 8):
     """Rollouts of reverse-text (temperature 1, 32 tokens) from the server."""
     from openai import AsyncOpenAI
 
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
 
     env = load_environment("reverse-text", few_shot=2, source="offline")
     client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x")

@@ -1,4 +1,4 @@
-"""One request per group (envs/group_sampling.py) and the orchestrator in its own process
+"""One request per group (env_api/group_sampling.py) and the orchestrator in its own process
 (trainer/orchestrator_process.py), against the session's real vf-vllm server."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from vf_rl.envs import SingleTurnEnv, load_environment
-from vf_rl.envs.environment import Environment
-from vf_rl.envs.group_sampling import completion_args
+from vf_rl.env_api import SingleTurnEnv, load_environment
+from vf_rl.env_api.environment import Environment
+from vf_rl.env_api.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
 from vf_rl.trainer.batching import prompt_rows
 from vf_rl.trainer.orchestrator import Orchestrator, batch_rows
@@ -127,7 +127,7 @@ def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
     def reward(completion, **kwargs):  # a local function: pickles by reference, which fails
         return 1.0
 
-    from vf_rl.envs import Rubric
+    from vf_rl.env_api import Rubric
 
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
     assert env_source(local) is None
@@ -139,7 +139,7 @@ def test_start_orchestrator_falls_back_to_a_thread_and_says_why(capsys):
     def reward(completion, **kwargs):
         return 1.0
 
-    from vf_rl.envs import Rubric
+    from vf_rl.env_api import Rubric
 
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
     options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,
@@ -158,7 +158,7 @@ SCRIPT = """
 import os, sys
 print("top level ran", flush=True)  # no main guard: spawn must not run this again
 from transformers import AutoTokenizer
-from vf_rl.envs import load_environment
+from vf_rl.env_api import load_environment
 from vf_rl.trainer.batching import prompt_rows
 from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
 env = load_environment("reverse-text", few_shot=2, source="offline")

@@ -9,7 +9,7 @@ from conftest import start_server
 from test_server import TOLERANCE, max_logprob_diff, trained_lora_policy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vf_rl.envs import load_environment
+from vf_rl.env_api import load_environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.weight_sync import LORA_NAME, LoraSync
 

@@ -221,7 +221,7 @@ def test_training_step_packed_equals_padded(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.orchestrator import Batch
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -306,7 +306,7 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
 
     import vf_rl.trainer.trainer as trainer_module
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.orchestrator import Batch
 
     class CountCopies(TorchDispatchMode):

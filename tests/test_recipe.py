@@ -22,7 +22,7 @@ def spread_env():
     parity of the completion's length (spread at temperature 1)."""
     from datasets import Dataset
 
-    from vf_rl.envs import Rubric, SingleTurnEnv
+    from vf_rl.env_api import Rubric, SingleTurnEnv
 
     def parity_or_flat(completion, answer, **kwargs) -> float:
         return 0.5 if answer == "flat" else float(len(completion[-1]["content"]) % 2)
@@ -125,7 +125,7 @@ def test_kl_reference_is_the_initial_policy(model_dir, tmp_path, use_lora):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.batching import Sample
     from vf_rl.trainer.orchestrator import Batch
 
@@ -158,7 +158,7 @@ def test_custom_loss_with_kl_equals_built_in_cispo(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.trainer.batching import Sample
     from vf_rl.trainer.loss import LossOutput, log_importance_ratio
     from vf_rl.trainer.orchestrator import Batch
@@ -219,7 +219,7 @@ def test_two_steps_ahead_with_kl_trains_and_ratios_stay_sane(server, model_dir, 
 def test_mixture_rows_are_a_pure_function_of_the_step():
     """Weights 2:1 split each batch's prompts 2:1 on average; a fresh mixture asked for step 9
     first (as after a resume) gives the same rows as one that went through steps 0..9."""
-    from vf_rl.envs.mixture import EnvMixture
+    from vf_rl.env_api.mixture import EnvMixture
 
     envs = {"a": object(), "b": object()}
     rows = [{"env": "a", "i": i} for i in range(7)] + [{"env": "b", "i": i} for i in range(5)]
@@ -285,7 +285,7 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
     from transformers import AutoTokenizer
 
     from vf_rl.config.schema import load_config
-    from vf_rl.envs.registry import load_environments
+    from vf_rl.env_api.registry import load_environments
     from vf_rl.trainer.batching import prompt_rows
 
     cfg = load_config(config)

@@ -11,9 +11,9 @@ from datasets import Dataset
 from vf_rl import RLConfig
 from vf_rl.config.rl_config import resolve_temperature
 from vf_rl.config.schema import load_config
-from vf_rl.envs import SingleTurnEnv, load_environment
-from vf_rl.envs.environment import merge_sampling_args
-from vf_rl.envs.mixture import EnvMixture
+from vf_rl.env_api import SingleTurnEnv, load_environment
+from vf_rl.env_api.environment import merge_sampling_args
+from vf_rl.env_api.mixture import EnvMixture
 
 ENV_DEFAULTS = {"max_tokens": 7, "top_p": 0.5, "extra_body": {"min_p": 0.2, "top_k": 20}}
 

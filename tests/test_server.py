@@ -12,7 +12,7 @@ import torch
 from openai import AsyncOpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from vf_rl.envs import load_environment
+from vf_rl.env_api import load_environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.batching import micro_batches, rollout_to_samples
 from vf_rl.trainer.logprobs import selective_logprobs
@@ -227,7 +227,7 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
     counted in errors/rate, its cause printed once); a batch where all fail stops the run."""
     from datasets import Dataset
 
-    from vf_rl.envs import Rubric, SingleTurnEnv
+    from vf_rl.env_api import Rubric, SingleTurnEnv
 
     def picky(completion, answer, **kwargs) -> float:
         if answer == "bad":
@@ -314,7 +314,7 @@ def test_history_past_the_context_ends_the_rollout_as_truncated(server):
     from datasets import Dataset
     from openai import AsyncOpenAI
 
-    from vf_rl.envs import MultiTurnEnv
+    from vf_rl.env_api import MultiTurnEnv
 
     class LongReplies(MultiTurnEnv):
         async def env_response(self, messages, state, **kwargs):
@@ -332,7 +332,7 @@ def test_string_prompts_train_through_the_orchestrator(server, tokenizer):
     """An environment whose rows have plain-string prompts generates a normal training batch."""
     from datasets import Dataset
 
-    from vf_rl.envs import SingleTurnEnv
+    from vf_rl.env_api import SingleTurnEnv
     from vf_rl.trainer.batching import prompt_rows
 
     env = SingleTurnEnv(dataset=Dataset.from_list([{"prompt": "Say hello.", "answer": ""},

@@ -12,8 +12,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vf_rl.config.rules import ConfigError
+from vf_rl.env_api import BoxedParser, XMLParser
 from vf_rl.environments.reverse_text import load_environment as reverse_text
-from vf_rl.envs import BoxedParser, XMLParser
 from vf_rl.sft import conversation_rows, split_args
 
 

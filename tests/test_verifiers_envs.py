@@ -20,16 +20,16 @@ from pathlib import Path
 import pytest
 from conftest import assert_rollouts_well_formed, free_port, write_cpu_config
 
-from vf_rl.envs import load_environment
-from vf_rl.envs.registry import find_environment
-from vf_rl.envs.verifiers_adapter import (
+from vf_rl.env_api import load_environment
+from vf_rl.env_api.registry import find_environment
+from vf_rl.env_api.verifiers_adapter import (
     VerifiersEnvironment,
     VerifiersError,
     check_console_scripts,
     check_supported,
     verifiers_api,
 )
-from vf_rl.envs.verifiers_v1 import VerifiersV1Environment
+from vf_rl.env_api.verifiers_v1 import VerifiersV1Environment
 from vf_rl.trainer.batching import rollout_to_samples
 
 ENVS = Path(__file__).resolve().parent / "verifiers_envs"

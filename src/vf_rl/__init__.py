@@ -6,7 +6,7 @@
 so that the launcher (``vf-rl``) starts instantly.
 """
 
-from vf_rl.envs import (
+from vf_rl.env_api import (
     BoxedParser,
     Environment,
     MathRubric,

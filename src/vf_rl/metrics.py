@@ -33,7 +33,7 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
 
 def env_metrics(rows: list[dict], rollouts, group_size: int) -> dict[str, float]:
     """``env/<name>/reward`` (mean) and ``env/<name>/rollouts`` per environment of a mixture
-    (rows with an ``"env"`` key, ``envs/mixture.py``; rollouts ``group_size`` per row in row
+    (rows with an ``"env"`` key, ``env_api/mixture.py``; rollouts ``group_size`` per row in row
     order); ``{}`` for a single environment."""
     names = [row.get("env") for row in rows for _ in range(group_size)]
     out = {}

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vf-eval: error: {flag} must be at least 1, got {value}", file=sys.stderr)
             return EXIT_BAD_INPUT
 
-    from vf_rl.envs import load_environment
+    from vf_rl.env_api import load_environment
     from vf_rl.inference.client import openai_client
     from vf_rl.metrics import rollout_metrics
 

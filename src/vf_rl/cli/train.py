@@ -45,7 +45,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.envs.registry import load_environments
+    from vf_rl.env_api.registry import load_environments
 
     try:
         args = RLConfig(**config.trainer.args)

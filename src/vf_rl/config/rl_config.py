@@ -12,7 +12,7 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from vf_rl.envs.environment import SamplingArgs
+from vf_rl.env_api.environment import SamplingArgs
 
 from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
 from .rules import check_trainer_args, check_types, resolve_trainer_args

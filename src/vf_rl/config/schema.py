@@ -288,13 +288,13 @@ def validate_inference_args(config: "VfRlConfig") -> None:
 
 def validate_env(config: "VfRlConfig") -> None:
     """The environment id names an importable module, a module in the working directory or a
-    built-in (``vf_rl.envs.registry.find_environment``'s precedence) whose ``load_environment``
+    built-in (``vf_rl.env_api.registry.find_environment``'s precedence) whose ``load_environment``
     takes ``[env.args]`` (names and annotated types; the module is imported, nothing is run).
 
     Raises:
         ConfigError: naming ``env.id`` or the ``env.args`` key.
     """
-    from vf_rl.envs.registry import factory, import_environment_module, is_v1_plugin
+    from vf_rl.env_api.registry import factory, import_environment_module, is_v1_plugin
 
     if not config.envs:
         raise ConfigError("env: [[env]] needs at least one table with an id")
@@ -308,7 +308,7 @@ def validate_env(config: "VfRlConfig") -> None:
             raise ConfigError(f"{where}.id: importing environment module for {entry.id!r} failed: "
                               f"{type(exc).__name__}: {exc}") from None
         if ":" not in entry.id and is_v1_plugin(module):  # verifiers v1: [env.args] is verifiers' own [env] table
-            from vf_rl.envs.verifiers_v1 import VerifiersError, plugin_config
+            from vf_rl.env_api.verifiers_v1 import VerifiersError, plugin_config
 
             try:
                 plugin_config(module, entry.args)

@@ -49,9 +49,8 @@ class WeightSyncExtension:
         """Load ``(name, tensor)`` pairs in checkpoint format into the live model.
 
         On a GPU with an unquantized model the tensors are copied straight into the parameters
-        (``model.load_weights``: 0.008-0.010 s for SmolLM2-135M on an H200, against 0.045-0.05 s
-        for ``reload_weights``, ``shared/notes/vllm-gpu-recipe.md``); the copies are in place, so
-        captured CUDA graphs stay valid. Elsewhere (the CPU's prepacked layers, quantized
+        (``model.load_weights``, several times faster than ``reload_weights``: benchmarks/RESULTS.md);
+        the copies are in place, so captured CUDA graphs stay valid. Elsewhere (the CPU's prepacked layers, quantized
         weights, whose processing must run again) through ``model_runner.reload_weights``.
         Returns ``{"tensors": int, "seconds": float}`` (seconds since ``start``)."""
         weights = list(weights)

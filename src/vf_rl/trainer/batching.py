@@ -40,7 +40,7 @@ def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | Non
     fits ``max_prompt_len`` tokens, each with its dataset index as ``row_id``; shuffled once by
     ``shuffle_seed`` unless it is ``None``. Batch ``n`` takes the ``n``-th slice of this list
     (``orchestrator.batch_rows``), so the rows of every step follow from the dataset and the seed."""
-    from vf_rl.envs.environment import prompt_messages
+    from vf_rl.env_api.environment import prompt_messages
 
     rows = []
     for i, row in enumerate(dataset):

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
-from vf_rl.envs import Rollout
+from vf_rl.env_api import Rollout
 
 STD_EPS = 1e-6
 """Reward spread below this counts as none (float noise of rewards that are equal)."""

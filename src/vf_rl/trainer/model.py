@@ -68,8 +68,8 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
     peft keeps the adapter in float32 on a bf16/fp16 model and casts each LoRA layer's input
     to float32; under autocast the adapter's matmuls cast it straight back. The round trip is
     exact, and it costs four tensor copies per LoRA layer and micro batch (two forward, two
-    backward): 11% of the kernel ops of a Qwen2-0.5B LoRA step (benchmarks/RESULTS.md, g). Skipping it
-    with peft's ``disable_input_dtype_casting`` leaves log-probs and gradients bitwise equal.
+    backward; their share of a step: benchmarks/RESULTS.md, g). Skipping it with peft's
+    ``disable_input_dtype_casting`` leaves log-probs and gradients bitwise equal.
 
     Args:
         model: the (possibly wrapped) model; no effect unless it holds peft tuner layers.

@@ -20,7 +20,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
-from vf_rl.envs import Environment, Rollout
+from vf_rl.env_api import Environment, Rollout
 from vf_rl.inference.client import openai_client
 from vf_rl.metrics import env_metrics, rollout_metrics
 
@@ -145,7 +145,7 @@ class Orchestrator:
 
     def rows_for_step(self, step: int) -> list[dict]:
         """The dataset rows of batch ``step`` (:func:`batch_rows`; several environments: split by
-        weight, ``envs/mixture.py``)."""
+        weight, ``env_api/mixture.py``)."""
         if hasattr(self.env, "rows_for_step"):
             return self.env.rows_for_step(self.rows, step, self.prompts_per_batch)
         return batch_rows(self.rows, step, self.prompts_per_batch)

@@ -27,7 +27,7 @@ from concurrent.futures import wait as wait_futures
 from multiprocessing.managers import BaseManager
 from typing import Callable
 
-from vf_rl.envs import Environment, Rollout
+from vf_rl.env_api import Environment, Rollout
 
 from .orchestrator import Batch, Orchestrator, report_progress
 

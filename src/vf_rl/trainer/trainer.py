@@ -27,7 +27,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.config.rules import choose_weight_sync
-from vf_rl.envs import Environment
+from vf_rl.env_api import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.inference.supervision import MAX_RESTARTS

@@ -33,8 +33,8 @@ from difflib import SequenceMatcher
 
 from datasets import Dataset, load_dataset
 
-from vf_rl.envs import MultiTurnEnv, Rubric
-from vf_rl.envs.hub import check_source, hub_or_offline
+from vf_rl.env_api import MultiTurnEnv, Rubric
+from vf_rl.env_api.hub import check_source, hub_or_offline
 
 FIRST_TAG = "alphabetical_sorted"
 COMBINED_TAG = "combined_alphabetical_sorted"

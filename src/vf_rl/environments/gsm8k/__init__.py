@@ -23,9 +23,9 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
-from vf_rl.envs import BoxedParser, MathRubric, SingleTurnEnv
-from vf_rl.envs.hub import check_source, hub_or_offline
-from vf_rl.envs.parsers import extract_boxed_answer, last_assistant_text
+from vf_rl.env_api import BoxedParser, MathRubric, SingleTurnEnv
+from vf_rl.env_api.hub import check_source, hub_or_offline
+from vf_rl.env_api.parsers import extract_boxed_answer, last_assistant_text
 
 DATA_DIR = Path(__file__).parent / "data"
 HUB_DATASET = "openai/gsm8k"

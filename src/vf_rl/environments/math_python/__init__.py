@@ -33,9 +33,9 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
+from vf_rl.env_api import BoxedParser, MathRubric, ToolEnv, num_tool_calls
+from vf_rl.env_api.hub import check_source, hub_offline
 from vf_rl.environments.gsm8k import load_gsm8k
-from vf_rl.envs import BoxedParser, MathRubric, ToolEnv, num_tool_calls
-from vf_rl.envs.hub import check_source, hub_offline
 
 SYSTEM_PROMPT = ("Solve the math problem. You can run Python code with the python tool; it returns what the code "
                  "prints. Use it for calculations. Explain your reasoning and put the final answer inside "

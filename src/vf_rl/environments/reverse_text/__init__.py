@@ -16,8 +16,8 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
-from vf_rl.envs import Rubric, SingleTurnEnv, XMLParser
-from vf_rl.envs.hub import hub_or_offline
+from vf_rl.env_api import Rubric, SingleTurnEnv, XMLParser
+from vf_rl.env_api.hub import hub_or_offline
 
 DATA_DIR = Path(__file__).parent / "data"
 SYSTEM_PROMPT = "Reverse the text character-by-character. Put your answer in <reversed_text> tags."

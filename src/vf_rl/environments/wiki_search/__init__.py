@@ -34,8 +34,8 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
-from vf_rl.envs import Rubric, ToolEnv, XMLParser, num_tool_calls
-from vf_rl.envs.hub import hub_or_offline
+from vf_rl.env_api import Rubric, ToolEnv, XMLParser, num_tool_calls
+from vf_rl.env_api.hub import hub_or_offline
 
 DATA_DIR = Path(__file__).parent / "data"
 HUB_CORPUS = "willcb/rare-wiki-pages"

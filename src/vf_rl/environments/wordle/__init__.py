@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
-from vf_rl.envs import MultiTurnEnv, Rubric, XMLParser
-from vf_rl.envs.parsers import last_assistant_text
+from vf_rl.env_api import MultiTurnEnv, Rubric, XMLParser
+from vf_rl.env_api.parsers import last_assistant_text
 
 WORD_LENGTH = 5
 SYSTEM_PROMPT = ("You are a competitive game player. Read the game instructions carefully and always follow "

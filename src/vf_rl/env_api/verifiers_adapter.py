@@ -9,7 +9,7 @@ conditions, tools and state handling are the package's, not look-alikes.
 Supported: the classic API (``import verifiers as vf``; ``vf.SingleTurnEnv``,
 ``vf.MultiTurnEnv``, ``vf.ToolEnv``, ...) of verifiers 0.2.1 through 0.3.x, here; the v1 API
 (``verifiers.v1``: ``Env``/``Taskset``/``Harness``/``Trace``) of the versions in
-``V1_SUPPORTED``, in :mod:`vf_rl.envs.verifiers_v1`, which shares this module's version checks
+``V1_SUPPORTED``, in :mod:`vf_rl.env_api.verifiers_v1`, which shares this module's version checks
 and group runner (:class:`GroupRunner`). Other versions are refused at load time with a
 one-line error.
 """
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 CLASSIC_MIN, CLASSIC_BELOW = (0, 2, 1), (0, 4, 0)
 SUPPORTED = ">=0.2.1,<0.4"
 #: Versions whose ``verifiers.v1`` API (``Env.serving``/``slots``/``run_slot``, ``Trace`` message
-#: graph, ``TrainClientConfig``) :mod:`vf_rl.envs.verifiers_v1` uses (tested: 0.3.1).
+#: graph, ``TrainClientConfig``) :mod:`vf_rl.env_api.verifiers_v1` uses (tested: 0.3.1).
 V1_MIN, V1_BELOW = (0, 3, 1), (0, 5, 0)
 V1_SUPPORTED = ">=0.3.1,<0.5"
 
@@ -218,7 +218,7 @@ class VerifiersEnvironment(GroupRunner):
     Args:
         env: a ``verifiers`` ``Environment`` (``SingleTurnEnv``, ``MultiTurnEnv``, ``ToolEnv``...).
     Raises:
-        VerifiersError: the object is a v1 environment (see :mod:`vf_rl.envs.verifiers_v1`) or its
+        VerifiersError: the object is a v1 environment (see :mod:`vf_rl.env_api.verifiers_v1`) or its
             package version is unsupported.
     """
 
@@ -227,7 +227,7 @@ class VerifiersEnvironment(GroupRunner):
         self.version = verifiers_version()
         if self.api == "v1":
             raise VerifiersError(f"{type(env).__name__} is a verifiers v1 object: wrap it in "
-                                 f"vf_rl.envs.verifiers_v1.VerifiersV1Environment")
+                                 f"vf_rl.env_api.verifiers_v1.VerifiersV1Environment")
         check_supported("classic", self.version)
         if not hasattr(env, "run_group"):
             raise VerifiersError(f"{type(env).__name__} (verifiers {self.version}) has no run_group(); "

@@ -18,12 +18,12 @@ client is a ``vf.TrainClientConfig`` for the vf-vllm server: verifiers' intercep
 renders each model call of the harness with the ``renderers`` package and samples it through
 vLLM's token route ``/inference/v1/generate`` (``vf-vllm`` serves it), so every sampled message of
 the ``Trace`` carries its token ids and vLLM's sampling log-probs (the ``MessageNode`` graph
-that prime-rl trains from). Each sampled node becomes one :class:`~vf_rl.envs.environment.Turn`
+that prime-rl trains from). Each sampled node becomes one :class:`~vf_rl.env_api.environment.Turn`
 whose prompt is every token before it on its branch; rewards (``trace.rewards``, weighted),
 metrics, truncation (``trace.is_truncated``) and errors (``trace.errors``, ``episode.errors``)
-map onto the :class:`~vf_rl.envs.environment.Rollout`.
+map onto the :class:`~vf_rl.env_api.environment.Rollout`.
 
-What cannot be trained is refused in one line (:class:`~vf_rl.envs.verifiers_adapter.VerifiersError`):
+What cannot be trained is refused in one line (:class:`~vf_rl.env_api.verifiers_adapter.VerifiersError`):
 at load time an agent role of the trained model that pins its own client (a relay such as
 ``EvalClientConfig`` returns no token ids), an infinite taskset, tasks without a prompt, tool
 servers (``vf.Toolset``) when the installed ``mcp`` lacks the 1.x API verifiers 0.3 uses; per

@@ -87,7 +87,7 @@ def import_environment_module(env_id: str):
     Raises:
         ValueError: no such module (the message lists what was tried), or it has neither a
             ``load_environment`` nor the ``__all__`` export of a verifiers v1 plugin
-            (:func:`~vf_rl.envs.verifiers_v1.is_plugin`); errors raised while importing the
+            (:func:`~vf_rl.env_api.verifiers_v1.is_plugin`); errors raised while importing the
             module propagate.
     """
     name, where = find_environment(env_id)
@@ -114,7 +114,7 @@ def import_environment_module(env_id: str):
 
 def is_v1_plugin(module) -> bool:
     """Whether ``module`` is a verifiers v1 plugin (no ``load_environment``; its ``__all__``
-    exports a ``verifiers.v1`` Taskset or Env): see :mod:`vf_rl.envs.verifiers_v1`."""
+    exports a ``verifiers.v1`` Taskset or Env): see :mod:`vf_rl.env_api.verifiers_v1`."""
     if callable(getattr(module, "load_environment", None)):
         return False
     from .verifiers_v1 import is_plugin
@@ -129,12 +129,12 @@ def load_environment(env_id: str, **env_args):
 
     A verifiers v1 plugin module (no ``load_environment``) is built by verifiers' own loader
     instead, ``env_args`` being verifiers' ``[env]`` table
-    (:func:`~vf_rl.envs.verifiers_v1.load_plugin`).
+    (:func:`~vf_rl.env_api.verifiers_v1.load_plugin`).
 
     Returns:
         a vf-rl :class:`Environment`; an environment of the real ``verifiers`` package comes
-        back wrapped in :class:`~vf_rl.envs.verifiers_adapter.VerifiersEnvironment` (classic
-        API) or :class:`~vf_rl.envs.verifiers_v1.VerifiersV1Environment` (v1 API), which have
+        back wrapped in :class:`~vf_rl.env_api.verifiers_adapter.VerifiersEnvironment` (classic
+        API) or :class:`~vf_rl.env_api.verifiers_v1.VerifiersV1Environment` (v1 API), which have
         the same ``get_dataset`` / ``get_eval_dataset`` / ``generate`` interface. Its
         ``recipe`` attribute is ``functools.partial(load_environment, env_id, **env_args)``:
         what builds it again in another process (the orchestrator's).
