@@ -142,6 +142,17 @@ def trl_options(side: str) -> dict:
 
 # --- vf-rl ------------------------------------------------------------------------------------
 
+def vf_args(pairs: list[str]) -> dict:
+    """``["max_off_policy_steps=2", 'loss_type="dapo"']`` -> extra ``[trainer.args]`` for the vf-rl
+    side (each value a TOML value)."""
+    import tomllib
+
+    try:
+        return tomllib.loads("\n".join(pairs))
+    except tomllib.TOMLDecodeError as exc:
+        raise SystemExit(f"--vf-arg: expected KEY=VALUE with a TOML value ({exc})") from None
+
+
 def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     """``vf-rl @ config --wait`` in real tmux; points from ``metrics.jsonl``."""
     import tomli_w
@@ -162,7 +173,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
             "lora_rank": opts.lora_rank, "lora_alpha": float(opts.lora_alpha), "temperature": 1.0,
             "save_steps": 10 ** 6, "seed": opts.seed, "eval_strategy": "steps", "eval_steps": opts.eval_every,
             "num_eval_examples": opts.eval_examples, "eval_rollouts_per_example": opts.eval_rollouts,
-            **spec.trainer_args}
+            **spec.trainer_args, **vf_args(opts.vf_arg)}
     config = {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
               "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
               "trainer": {"gpus": gpus, "args": args}}
@@ -494,6 +505,8 @@ def main(argv=None) -> int:
                    help="TRL's generation (default: none on the CPU, colocate on a GPU)")
     p.add_argument("--trl-server-url", default="http://127.0.0.1:8001", help="with --trl-vllm server")
     p.add_argument("--sides", default="vf-rl,trl")
+    p.add_argument("--vf-arg", action="append", default=[], help="KEY=VALUE: another [trainer.args] key for the "
+                   "vf-rl side (a TOML value; repeatable), e.g. --vf-arg max_off_policy_steps=2")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG of reward against seconds")

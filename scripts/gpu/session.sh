@@ -15,7 +15,7 @@
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
-#   learning: benchmarks/learning.py (ENV, default reverse-text; MINUTES, default 8; SIDES, default
+#   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
 #            (POLL_S seconds) and copies its JSON, PNG and log to $OUT
@@ -89,11 +89,16 @@ generation)
   run generation 540 python3 benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" --rounds ${ROUNDS:-3} \
     --json $OUT/generation.json
   ;;
-learning)
-  name=learning-${ENV:-reverse-text}; mkdir -p /tmp/e2e && rm -rf /tmp/e2e/$name
-  setsid nohup python3 benchmarks/learning.py --env ${ENV:-reverse-text} --device gpu --model /tmp/smol \
-    --minutes ${MINUTES:-8} --trl-vllm ${TRL_VLLM:-colocate} --sides ${SIDES:-vf-rl,trl-compile} ${EXTRA:---shared} \
-    --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1 &
+learning)  # ENV may list several environments: they run one after another (TAG is added to each name)
+  mkdir -p /tmp/e2e
+  cmd=""
+  for env in ${ENV:-reverse-text}; do
+    name=learning-$env${TAG:-}; rm -rf /tmp/e2e/$name
+    cmd+="python3 benchmarks/learning.py --env $env --device gpu --model /tmp/smol --minutes ${MINUTES:-8} \
+      --trl-vllm ${TRL_VLLM:-colocate} --sides ${SIDES:-vf-rl,trl-compile} ${EXTRA:---shared} \
+      --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1; "
+  done
+  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
 poll)
