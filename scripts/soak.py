@@ -105,11 +105,12 @@ def main(argv: list[str] | None = None) -> int:
         data["trainer"]["args"]["max_steps"] = opts.max_steps
     config = out / "soak.toml"
     config.write_text(tomli_w.dumps(data))
-    resolved = load_config(config)
-    max_steps = resolved.trainer.args["max_steps"]
-    _, port = resolved.server_address()
+    run_config = load_config(config)
+    max_steps = run_config.trainer.args["max_steps"]
+    _, port = run_config.server_address()
     session = f"vf-rl-soak-{port}"
     run_dir = out / "run"
+    resolved = run_dir.resolve() / "resolved.toml"  # what both panes read: it names their processes
     print(f"soak: {config} -> {run_dir}, {max_steps} steps, disturbing for {opts.minutes:.0f} min", flush=True)
 
     start = time.monotonic()
@@ -128,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             logged = [r["step"] for r in jsonl(run_dir / "metrics.jsonl") if "reward" in r]
             if now < stop_disturbing and logged and now >= next_server:
-                for pid in pids(f"vf-vllm.*--port {port}")[:1]:
+                for pid in pids(f"vf-vllm @ {resolved}|vf_rl.cli.vllm_server @ {resolved}")[:1]:
                     kill_tree(pid)
                     kills["server"] += 1
                     print(f"soak: {now - start:.0f} s: killed the inference server (after step {max(logged)})",
                           flush=True)
                 next_server = now + rng.expovariate(1 / opts.server_every)
             if now < stop_disturbing and logged and now >= next_trainer:
-                for pid in pids(f"vf_rl.cli.train @ {config}|vf-train @ {config}")[:1]:
+                for pid in pids(f"vf_rl.cli.train @ {resolved}|vf-train @ {resolved}")[:1]:
                     os.kill(pid, signal.SIGKILL)
                     kills["trainer"] += 1
                     print(f"soak: {now - start:.0f} s: killed the trainer (after step {max(logged)})", flush=True)

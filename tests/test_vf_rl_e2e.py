@@ -54,4 +54,4 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
     # the session is closed and the inference server stopped
     assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
     processes = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    assert f"--port {port}" not in processes
+    assert str(resolved) not in processes and str(config) not in processes

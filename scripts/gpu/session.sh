@@ -106,7 +106,9 @@ poll)
   pgrep -f benchmarks/learning.py > /dev/null && echo "still running"
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
   for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
-    tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; done
+    tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; \
+    cp $d/vf-rl/metrics.jsonl $OUT/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
+    for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $OUT/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far
   tail -n 25 /tmp/e2e/*.log
   ;;
 esac
