@@ -98,7 +98,8 @@ def test_torch_compile_default_is_on_with_a_gpu():
     host-bound steps, where the compiled layers measured faster) and off on the CPU; a compile
     backend or mode turns it on; explicit values are kept; ``true`` with DeepSpeed is refused."""
     from vf_rl.config.args import rl_fields
-    from vf_rl.config.rules import ConfigError, check_trainer_args, resolve_trainer_args
+    from vf_rl.config.defaults import resolve_trainer_args
+    from vf_rl.config.rules import ConfigError, check_trainer_args
 
     assert rl_fields()["torch_compile"].default is None
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port, write_cpu_config
 
+from vf_rl.config.schema import load_config
 from vf_rl.inference.supervision import kill_tree, supervised_shell
 
 
@@ -110,6 +111,7 @@ def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_di
     result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(reference)], capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert load_config(tmp_path / "ref" / "resolved.toml").trainer.args["max_steps"] == 4  # vf-train alone writes it
 
     port = free_port()
     out = tmp_path / "run"

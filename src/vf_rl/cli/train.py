@@ -6,9 +6,10 @@ Exit status: 0 done; 2 bad input (one line naming the file and key); 3 the infer
 exited or never came up (one line with its last error); 130 Ctrl-C.
 
 Loads the config (a ``resolved.toml`` that ``vf-rl`` wrote is used as it is; any other file is
-resolved first, ``config.schema.load_config``), ``[env]``, builds ``RLConfig(**[trainer.args])``
-and ``RLTrainer(model, env, args)``, and trains. The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be
-serving ``model``. ``VF_RL_CPU_CORES`` (e.g. ``1`` or ``2-3``; ``vf-rl`` sets it when the server and
+resolved first, ``config.schema.load_config``, and written to ``<output_dir>/resolved.toml``),
+``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``, and trains.
+The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be serving ``model``.
+``VF_RL_CPU_CORES`` (e.g. ``1`` or ``2-3``; ``vf-rl`` sets it when the server and
 the trainer share the CPU) pins the trainer to those cores before torch starts.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import sys
 
 from vf_rl.cli.cpus import apply_trainer_cores
+from vf_rl.config.resolved_toml import write_resolved
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
 
 EXIT_BAD_INPUT = 2
@@ -40,8 +42,10 @@ def _main(argv: list[str] | None) -> int:
         if unknown:
             raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
         config = load_config(config_path)
+        if config.origins:  # resolved here (not vf-rl's resolved.toml): the run's record of what it uses
+            write_resolved(config)
         apply_trainer_cores()  # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU); before torch starts
-    except ValueError as exc:  # ConfigError, or a bad VF_RL_CPU_CORES
+    except (ValueError, OSError) as exc:  # ConfigError, a bad VF_RL_CPU_CORES, an unwritable output_dir
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl import RLConfig, RLTrainer

@@ -15,7 +15,8 @@ from transformers import TrainingArguments
 from vf_rl.env_api.environment import SamplingArgs
 
 from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
-from .rules import check_trainer_args, check_types, resolve_trainer_args
+from .defaults import resolve_trainer_args
+from .rules import check_trainer_args, check_types
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -28,7 +29,7 @@ class RLConfig(RLArgs, TrainingArguments):
     Units: lengths in tokens, timeouts in seconds, ``batch_size`` and ``micro_batch_size``
     in rollouts (samples). ``__post_init__`` maps the older key names, checks types and the rules
     between keys with the same code as the TOML path (``config/rules.py``), fills the derived
-    defaults (``rules.resolve_trainer_args``) and raises ``ConfigError`` (a ``ValueError``)
+    defaults (``defaults.resolve_trainer_args``) and raises ``ConfigError`` (a ``ValueError``)
     naming the key. Sampling keys left ``None`` are filled by the trainer from the environment
     (else ``args.SAMPLING_DEFAULTS``).
     """

@@ -1,5 +1,5 @@
-"""The rules a trainer configuration must satisfy, and the defaults derived from other keys,
-written once. No torch; transformers only to check a key vf-rl does not declare itself.
+"""The rules a trainer configuration must satisfy, written once. No torch; transformers only to
+check a key vf-rl does not declare itself (the defaults derived from other keys: ``defaults.py``).
 
 Both ways in use them: the TOML file (``schema.load_config``, for ``vf-rl``, ``vf-train`` and
 ``vf-vllm``) and Python (``RLConfig.__post_init__``), so the two accept and reject the same
@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from .args import OLDER_NAMES, REFUSED_NAMES, SAMPLING_DEFAULTS, RLArgs, rl_fields
+from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 LOSS_TYPES = ("cispo", "dapo")
@@ -85,48 +85,6 @@ def check_types(args: dict[str, Any], prefix: str = "") -> None:
             adapter.validate_python(value)
         except ValidationError:
             raise ConfigError(f"{prefix}{key}: expected {_type_text(tp)}, got {value!r}") from None
-
-
-DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
-                "eval_rollouts_per_example": "rollouts_per_example", "eval_on_start": "on when eval_strategy is not 'no'",
-                "torch_compile": "on with a GPU, without DeepSpeed"}
-"""The keys :func:`derive_defaults` fills, and from what (shown in ``resolved.toml``)."""
-
-
-def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
-    """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
-    ``output_dir`` (``outputs/<run_name>``), ``bf16`` (on with a GPU), ``eval_rollouts_per_example``
-    (``rollouts_per_example``), ``eval_on_start`` (on when ``eval_strategy`` is not ``"no"``),
-    ``torch_compile`` (on with a GPU unless DeepSpeed is used, or when a compile backend or mode
-    is given). Returns a new dict."""
-    a = dict(args)
-    if a.get("output_dir") is None:
-        a["output_dir"] = f"outputs/{a.get('run_name') or 'vf-rl'}"
-    if a.get("bf16") is None:
-        a["bf16"] = has_gpu
-    if a.get("eval_rollouts_per_example") is None:
-        a["eval_rollouts_per_example"] = a["rollouts_per_example"]
-    if a.get("eval_on_start") is None:
-        strategy = a.get("eval_strategy") or "no"
-        a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
-    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md)
-        a["torch_compile"] = bool(has_gpu and not a.get("deepspeed")
-                                  or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
-    return a
-
-
-def resolve_trainer_args(given: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
-    """The trainer arguments a run uses: ``given`` (older key names mapped, ``rename_older_names``)
-    over RLArgs' defaults, with the defaults derived from other keys filled in
-    (:func:`derive_defaults`). The one place they are derived, for the TOML file and for
-    ``RLConfig``. Sampling keys left ``None`` stay ``None`` (the environment's value, else
-    ``args.SAMPLING_DEFAULTS``, applies in the trainer).
-
-    Raises:
-        ConfigError: an older name that is refused, or given together with its new name.
-    """
-    defaults = {name: f.default for name, f in rl_fields().items() if f.default is not dataclasses.MISSING}
-    return derive_defaults({**defaults, **rename_older_names(given)}, has_gpu)
 
 
 def resolve_function(key: str, name: str, builtins: dict[str, Any]) -> Any:
@@ -387,44 +345,6 @@ def check_output_dir(output_dir: str, p: str = "") -> None:
                           f"{output_dir!r}); choose a directory you can write") from None
 
 
-def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
-    """``function(**args)`` would bind: every key is a parameter (unless it takes ``**kwargs``)
-    and every value has the parameter's annotated type where pydantic can check it (lax: an
-    int for a float is fine). Used for ``[env.args]`` against ``load_environment``.
-
-    Raises:
-        ConfigError: ``"<prefix><key>: ..."`` naming the nearest valid parameter or the type.
-    """
-    import inspect
-    import typing
-
-    signature = inspect.signature(function)
-    params = signature.parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    try:
-        hints = typing.get_type_hints(function)
-    except Exception:  # annotations naming what is not importable here: check names only
-        hints = {}
-    for key, value in args.items():
-        if key not in names:
-            if takes_any:
-                continue
-            raise ConfigError(f"{prefix}{key}: {function.__module__}.{function.__name__}() takes no argument "
-                              f"{key!r}{suggest(key, names)}; it takes: {', '.join(names) or 'nothing'}")
-        if key not in hints:
-            continue
-        try:
-            adapter = TypeAdapter(hints[key])
-        except Exception:  # a type pydantic cannot check
-            continue
-        try:
-            adapter.validate_python(value)
-        except ValidationError:
-            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
-            raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None
-
-
 CHOICE_KEYS: dict[str, dict[Any, tuple[str, ...]]] = {
     "loss_type": {"cispo": ("mask_ratio_low", "mask_ratio_high"), "dapo": ("epsilon_low", "epsilon_high")},
     "padding_free": {True: ("micro_batch_tokens", "share_prompts")},
@@ -482,28 +402,6 @@ def check_recipe_args(a: dict[str, Any], p: str = "") -> None:
     if a["max_off_policy_steps"] < 1:
         raise ConfigError(f"{p}max_off_policy_steps: must be at least 1 (1 = one step off-policy), "
                           f"got {a['max_off_policy_steps']}")
-
-
-def rename_older_names(args: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``args`` with the older key names (``args.OLDER_NAMES``) mapped to the current ones; a
-    ``None`` under an older name counts as not given. ``args`` may hold every field (RLConfig's
-    path): the new name then counts as given when it differs from its default.
-
-    Raises:
-        ConfigError: a key of ``args.REFUSED_NAMES``, or an old and a new name given together.
-    """
-    out = dict(args)
-    for old, hint in REFUSED_NAMES.items():
-        if out.pop(old, None) is not None:
-            raise ConfigError(f"{prefix}{old}: not supported: {hint}")
-    for old, new in OLDER_NAMES.items():
-        value = out.pop(old, None)
-        if value is None:
-            continue
-        if new in out and out[new] != rl_fields()[new].default:
-            raise ConfigError(f"{prefix}{old} is the older name of {prefix}{new}; set only {new}")
-        out[new] = value
-    return out
 
 
 def check_batch_keys(a: dict[str, Any], p: str = "") -> None:

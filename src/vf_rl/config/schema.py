@@ -19,20 +19,21 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictBool, StrictInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from .args import rl_fields
-from .rules import (
-    DERIVED_FROM,
-    ConfigError,
-    check_call_args,
-    check_trainer_args,
-    check_types,
-    choose_weight_sync,
-    rename_older_names,
-    resolve_trainer_args,
-    suggest,
-)
+from .defaults import DERIVED_FROM, rename_older_names, resolve_trainer_args
+from .rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -176,7 +177,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     """The run config of a TOML file, resolved once.
 
     ``trainer.args``: RLArgs' defaults, overridden by the file, derived defaults filled in
-    (``rules.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
+    (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
     the trainer's keys: ``max_model_len`` (``max_seq_len``: one sequence-length truth), ``host``
     and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (0.3 when shared), the
     LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs).
@@ -284,6 +285,44 @@ def validate_inference_args(config: "VfRlConfig") -> None:
             raise ConfigError(f"inference.args.max_model_len ({max_model_len}) is below trainer.args.max_seq_len "
                               f"({max_seq_len}): the server could not produce the sequences the trainer trains on; "
                               "raise max_model_len or lower max_seq_len (unset, it is max_seq_len)")
+
+
+def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
+    """``function(**args)`` would bind: every key is a parameter (unless it takes ``**kwargs``)
+    and every value has the parameter's annotated type where pydantic can check it (lax: an
+    int for a float is fine). Used for ``[env.args]`` against ``load_environment``.
+
+    Raises:
+        ConfigError: ``"<prefix><key>: ..."`` naming the nearest valid parameter or the type.
+    """
+    import inspect
+    import typing
+
+    signature = inspect.signature(function)
+    params = signature.parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # annotations naming what is not importable here: check names only
+        hints = {}
+    for key, value in args.items():
+        if key not in names:
+            if takes_any:
+                continue
+            raise ConfigError(f"{prefix}{key}: {function.__module__}.{function.__name__}() takes no argument "
+                              f"{key!r}{suggest(key, names)}; it takes: {', '.join(names) or 'nothing'}")
+        if key not in hints:
+            continue
+        try:
+            adapter = TypeAdapter(hints[key])
+        except Exception:  # a type pydantic cannot check
+            continue
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None
 
 
 def validate_env(config: "VfRlConfig") -> None:

@@ -1,0 +1,75 @@
+"""The trainer arguments a run uses: RLArgs' defaults under the given keys, the older key names
+mapped, and the defaults that depend on other keys derived, in one place (:func:`resolve_trainer_args`)
+for the TOML file (``schema.resolve``) and ``RLConfig``. No torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from .args import OLDER_NAMES, REFUSED_NAMES, rl_fields
+from .rules import ConfigError
+
+DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
+                "eval_rollouts_per_example": "rollouts_per_example", "eval_on_start": "on when eval_strategy is not 'no'",
+                "torch_compile": "on with a GPU, without DeepSpeed"}
+"""The keys :func:`derive_defaults` fills, and from what (shown in ``resolved.toml``)."""
+
+
+def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
+    """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
+    ``output_dir`` (``outputs/<run_name>``), ``bf16`` (on with a GPU), ``eval_rollouts_per_example``
+    (``rollouts_per_example``), ``eval_on_start`` (on when ``eval_strategy`` is not ``"no"``),
+    ``torch_compile`` (on with a GPU unless DeepSpeed is used, or when a compile backend or mode
+    is given). Returns a new dict."""
+    a = dict(args)
+    if a.get("output_dir") is None:
+        a["output_dir"] = f"outputs/{a.get('run_name') or 'vf-rl'}"
+    if a.get("bf16") is None:
+        a["bf16"] = has_gpu
+    if a.get("eval_rollouts_per_example") is None:
+        a["eval_rollouts_per_example"] = a["rollouts_per_example"]
+    if a.get("eval_on_start") is None:
+        strategy = a.get("eval_strategy") or "no"
+        a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
+    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md)
+        a["torch_compile"] = bool(has_gpu and not a.get("deepspeed")
+                                  or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
+    return a
+
+
+def resolve_trainer_args(given: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
+    """The trainer arguments a run uses: ``given`` (older key names mapped, ``rename_older_names``)
+    over RLArgs' defaults, with the defaults derived from other keys filled in
+    (:func:`derive_defaults`). The one place they are derived, for the TOML file and for
+    ``RLConfig``. Sampling keys left ``None`` stay ``None`` (the environment's value, else
+    ``args.SAMPLING_DEFAULTS``, applies in the trainer).
+
+    Raises:
+        ConfigError: an older name that is refused, or given together with its new name.
+    """
+    defaults = {name: f.default for name, f in rl_fields().items() if f.default is not dataclasses.MISSING}
+    return derive_defaults({**defaults, **rename_older_names(given)}, has_gpu)
+
+
+def rename_older_names(args: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``args`` with the older key names (``args.OLDER_NAMES``) mapped to the current ones; a
+    ``None`` under an older name counts as not given. ``args`` may hold every field (RLConfig's
+    path): the new name then counts as given when it differs from its default.
+
+    Raises:
+        ConfigError: a key of ``args.REFUSED_NAMES``, or an old and a new name given together.
+    """
+    out = dict(args)
+    for old, hint in REFUSED_NAMES.items():
+        if out.pop(old, None) is not None:
+            raise ConfigError(f"{prefix}{old}: not supported: {hint}")
+    for old, new in OLDER_NAMES.items():
+        value = out.pop(old, None)
+        if value is None:
+            continue
+        if new in out and out[new] != rl_fields()[new].default:
+            raise ConfigError(f"{prefix}{old} is the older name of {prefix}{new}; set only {new}")
+        out[new] = value
+    return out
