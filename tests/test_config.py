@@ -387,7 +387,7 @@ AGREE_REJECT = {
     "save steps zero": ({"save_steps": 0}, "save_steps: expected save_steps > 0"),
     "eval examples zero": ({"num_eval_examples": 0}, "num_eval_examples: expected num_eval_examples > 0, or -1"),
     "int as bool": ({"use_lora": 1}, "use_lora: expected bool, got 1"),
-    # issue 15: the recipe keys and the older key names
+    # the recipe keys and the older key names
     "negative difficulty threshold": ({"use_difficulty_filtering": True, "difficulty_threshold": -0.1},
                                       "difficulty_threshold: must not be negative"),
     "oversampling below 1": ({"oversampling_factor": 0.5}, "oversampling_factor: must be at least 1"),

@@ -216,7 +216,7 @@ def test_overlapped_push_sends_the_snapshot_while_the_trainer_goes_on(plain_serv
 
 
 def test_two_servers_feed_one_trainer(plain_server, second_server, model_dir, tmp_path):
-    """Issue 16 on two GPUs: vf-vllm on GPU 0 and on GPU 1 feed one ``vf-train`` (GPU 1, LoRA,
+    """Two GPUs: vf-vllm on GPU 0 and on GPU 1 feed one ``vf-train`` (GPU 1, LoRA,
     filesystem sync) for 3 steps; every step draws rollouts from both, and afterwards both servers
     serve the weights of the last sync: those of optimizer step 2 (the sync before batch 3; step 3's
     update is never pushed), compared through log-probs of their own samples against checkpoint-2."""

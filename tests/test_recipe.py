@@ -1,4 +1,4 @@
-"""The RL recipe of issue 15 against the real CPU server: online difficulty filtering, KL to the
+"""The RL recipe against the real CPU server: online difficulty filtering, KL to the
 reference policy, several environments in one run, deeper off-policy generation."""
 
 from __future__ import annotations
