@@ -161,11 +161,10 @@ def trainer_values(config: "VfRlConfig") -> dict[str, Any]:
     return {**{name: f.default for name, f in rl_fields().items()}, **config.trainer.args}
 
 
-def layout_devices(config: "VfRlConfig") -> tuple[str, list[str], bool]:
+def layout_devices(config: "VfRlConfig", a: dict[str, Any]) -> tuple[str, list[str], bool]:
     """The file's GPU layout as ``rules.choose_weight_sync`` takes it: the trainer's device,
     the server workers' devices (named by side; ``"cpu"`` with no GPU), and whether every server
-    is on this machine."""
-    a = trainer_values(config)
+    is on this machine (``a``: the trainer arguments)."""
     trainer = "gpu-trainer" if config.trainer.gpus else "cpu"
     server = "cpu" if not config.inference.gpus else trainer if config.inference.shared else "gpu-inference"
     urls = a["vllm_server_urls"] or [f"http://{a['vllm_server_host']}:0"]
@@ -193,8 +192,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     origins = {f"trainer.args.{k}": "config" if k in given else f"derived: {DERIVED_FROM[k]}"
                if k in DERIVED_FROM and v != defaults.get(k) else "default" for k, v in a.items()}
     try:
-        sync = choose_weight_sync(a["weight_sync"], *layout_devices(config.model_copy(update={
-            "trainer": config.trainer.model_copy(update={"args": a})})))
+        sync = choose_weight_sync(a["weight_sync"], *layout_devices(config, a))
     except ConfigError as exc:
         raise ConfigError(f"trainer.args.{exc}") from None
     if a["weight_sync"] == "auto":
@@ -218,8 +216,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     for key in config.inference.args:
         origins.setdefault(f"inference.args.{key}", "config")
     resolved = config.model_copy(update={
-        "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}
-                                                             | {k: v for k, v in given.items() if k not in a}}),
+        "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}}),
         "inference": config.inference.model_copy(update={"args": inference}),
         "resolved": ResolvedSection(source=str(source))})
     resolved._origins = origins

@@ -10,6 +10,7 @@ micro batch (``packing.py``) and takes the log-probs of its trained tokens.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from typing import TYPE_CHECKING
@@ -297,10 +298,15 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: 
 
 def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the (unwrapped) model's forward takes ``logits_to_keep`` (every current
-    transformers decoder model does)."""
+    transformers decoder model does); read once per model class."""
     from .model import base_model
 
-    return "logits_to_keep" in inspect.signature(base_model(model).forward).parameters
+    return _forward_takes_logits_to_keep(type(base_model(model)))
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 def padded_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0,
