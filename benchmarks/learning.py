@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,15 +142,16 @@ def trl_options(side: str) -> dict:
 
 # --- vf-rl ------------------------------------------------------------------------------------
 
-def vf_args(pairs: list[str]) -> dict:
-    """``["max_off_policy_steps=2", 'loss_type="dapo"']`` -> extra ``[trainer.args]`` for the vf-rl
-    side (each value a TOML value)."""
+def toml_pairs(pairs: list[str], option: str = "--vf-arg") -> dict:
+    """``["max_off_policy_steps=2", 'loss_type="dapo"']`` -> ``{"max_off_policy_steps": 2, ...}``
+    (each value a TOML value): extra ``[trainer.args]`` (``--vf-arg``) or environment
+    arguments (``--env-arg``)."""
     import tomllib
 
     try:
         return tomllib.loads("\n".join(pairs))
     except tomllib.TOMLDecodeError as exc:
-        raise SystemExit(f"--vf-arg: expected KEY=VALUE with a TOML value ({exc})") from None
+        raise SystemExit(f"{option}: expected KEY=VALUE with a TOML value ({exc})") from None
 
 
 def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
@@ -173,7 +174,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
             "lora_rank": opts.lora_rank, "lora_alpha": float(opts.lora_alpha), "temperature": 1.0,
             "save_steps": 10 ** 6, "seed": opts.seed, "eval_strategy": "steps", "eval_steps": opts.eval_every,
             "num_eval_examples": opts.eval_examples, "eval_rollouts_per_example": opts.eval_rollouts,
-            **spec.trainer_args, **vf_args(opts.vf_arg)}
+            **spec.trainer_args, **toml_pairs(opts.vf_arg)}
     config = {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
               "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
               "trainer": {"gpus": gpus, "args": args}}
@@ -507,6 +508,8 @@ def main(argv=None) -> int:
     p.add_argument("--sides", default="vf-rl,trl")
     p.add_argument("--vf-arg", action="append", default=[], help="KEY=VALUE: another [trainer.args] key for the "
                    "vf-rl side (a TOML value; repeatable), e.g. --vf-arg max_off_policy_steps=2")
+    p.add_argument("--env-arg", action="append", default=[], help="KEY=VALUE: a load_environment argument for "
+                   "every side, over the benchmark's own (a TOML value; repeatable), e.g. --env-arg few_shot=0")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG of reward against seconds")
@@ -516,6 +519,7 @@ def main(argv=None) -> int:
         result = json.loads(opts.from_json.read_text())
     else:
         spec = ENVS[opts.env]
+        spec = replace(spec, args={**spec.args, **toml_pairs(opts.env_arg, "--env-arg")})
         opts.max_tokens = opts.max_tokens or spec.max_tokens
         opts.trl_vllm = opts.trl_vllm or ("colocate" if opts.device == "gpu" else "none")
         sides = opts.sides.split(",")

@@ -122,9 +122,11 @@ def test_generation_probe_against_the_server(server, tmp_path):
         assert len(idle["s_per_batch"]) == 1 and idle["tokens_per_batch"] > 0 and f"{path} " in result.stdout
 
 
-def test_vf_args_are_toml_values():
+def test_vf_and_env_args_are_toml_values():
     learning = _learning()
-    assert learning.vf_args(["max_off_policy_steps=2", 'loss_type = "dapo"', "beta=0.01"]) == {
+    assert learning.toml_pairs(["max_off_policy_steps=2", 'loss_type = "dapo"', "beta=0.01"]) == {
         "max_off_policy_steps": 2, "loss_type": "dapo", "beta": 0.01}
     with pytest.raises(SystemExit, match="--vf-arg"):
-        learning.vf_args(["loss_type=dapo"])
+        learning.toml_pairs(["loss_type=dapo"])
+    with pytest.raises(SystemExit, match="--env-arg"):
+        learning.toml_pairs(["few_shot=two"], "--env-arg")

@@ -15,6 +15,7 @@
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
+#   warmup: vf-sft on reverse-text, then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
@@ -101,9 +102,21 @@ learning)  # ENV may list several environments: they run one after another (TAG 
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
+warmup)  # vf-sft (configs/vf-sft/reverse-text.toml, model /tmp/smol), then the learning benchmark on reverse-text from the
+  # warmed-up model with few_shot = 0 (SIDES default vf-rl; MINUTES default 15; EVAL_EVERY steps between held-out evals)
+  mkdir -p /tmp/e2e; name=learning-reverse-text${TAG:--warmup}; rm -rf /tmp/e2e/$name /tmp/sft-reverse-text
+  sed -e 's#^model = .*#model = "/tmp/smol"#' -e 's#^output_dir = .*#output_dir = "/tmp/sft-reverse-text"#' \
+    configs/vf-sft/reverse-text.toml > /tmp/sft.toml
+  cmd="python3 -m vf_rl.cli.sft @ /tmp/sft.toml > /tmp/e2e/sft.log 2>&1 && python3 benchmarks/learning.py --env reverse-text \
+    --env-arg few_shot=0 --device gpu --model /tmp/sft-reverse-text --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
+    --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name \
+    > /tmp/e2e/$name.log 2>&1"
+  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
 poll)
-  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f benchmarks/learning.py > /dev/null || break; sleep 1; done
-  pgrep -f benchmarks/learning.py > /dev/null && echo "still running"
+  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft" > /dev/null || break; sleep 1; done
+  pgrep -f "benchmarks/learning.py|vf_rl.cli.sft" > /dev/null && echo "still running"
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
   for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; \

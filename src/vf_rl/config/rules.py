@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
+from .choices import run_choices
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 LOSS_TYPES = ("cispo", "dapo")
@@ -208,7 +209,7 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
         if len(set(urls)) != len(urls):
             raise ConfigError(f"{p}vllm_server_urls: a server is listed twice")
     check_recipe_args(a, p)
-    check_choice_keys(a, p)
+    run_choices(a, p)  # no key of an option the run does not take
     check_batch_keys(a, p)
 
 
@@ -343,43 +344,6 @@ def check_output_dir(output_dir: str, p: str = "") -> None:
     except OSError as exc:
         raise ConfigError(f"{p}output_dir: cannot write to {existing} ({exc.strerror}) (output_dir = "
                           f"{output_dir!r}); choose a directory you can write") from None
-
-
-CHOICE_KEYS: dict[str, dict[Any, tuple[str, ...]]] = {
-    "loss_type": {"cispo": ("mask_ratio_low", "mask_ratio_high"), "dapo": ("epsilon_low", "epsilon_high")},
-    "padding_free": {True: ("micro_batch_tokens", "share_prompts")},
-    "use_difficulty_filtering": {True: ("difficulty_threshold", "difficulty_min_reward", "difficulty_max_reward",
-                                        "oversampling_factor", "max_filter_rounds")},
-}
-"""Each choice's own keys: a choice key (``loss_type``...), its values, and the keys only that
-value reads. A key set away from its default under another value would be ignored silently, so
-it is refused (:func:`check_choice_keys`). A custom ``loss_type = "module:function"`` may read
-any loss key."""
-
-
-def check_choice_keys(a: dict[str, Any], p: str = "") -> None:
-    """No key of one choice set while another is taken (``CHOICE_KEYS``): e.g. ``epsilon_high``
-    (``dapo``'s clip) with ``loss_type = "cispo"``. A key counts as set when its value differs
-    from its default.
-
-    Raises:
-        ConfigError: naming the key, the choice that reads it and the run's choice.
-    """
-    for choice, options in CHOICE_KEYS.items():
-        value = a[choice]
-        if choice == "loss_type" and value not in options:  # a custom loss: every loss key may be its own
-            continue
-        for option, keys in options.items():
-            if option == value:
-                continue
-            for key in keys:
-                if key not in options.get(value, ()) and a[key] != rl_fields()[key].default:
-                    raise ConfigError(f"{p}{key} applies only with {p}{choice} = {_toml(option)} (this run has "
-                                      f"{_toml(value)}), where it would be ignored; remove it or change {choice}")
-
-
-def _toml(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else repr(value)
 
 
 def check_recipe_args(a: dict[str, Any], p: str = "") -> None:
