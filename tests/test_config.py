@@ -321,6 +321,37 @@ def test_readme_configuration_table_is_generated_from_the_schema():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_each_choice_is_a_tagged_union_of_typed_options():
+    """The run's choices come back as typed options holding only the keys each reads; a custom
+    loss takes every loss key."""
+    from vf_rl.config.args import rl_fields
+    from vf_rl.config.choices import (
+        CustomLoss,
+        DapoLoss,
+        DifficultyFiltering,
+        GroupMeanStdAdvantage,
+        IpcSync,
+        PaddedMicroBatches,
+        run_choices,
+    )
+    from vf_rl.config.rules import ConfigError
+
+    a = {name: f.default for name, f in rl_fields().items()}
+    picked = run_choices(a | {"loss_type": "dapo", "epsilon_high": 0.4, "advantage_type": "group_mean_std",
+                              "weight_sync": "ipc", "weight_sync_bucket_mb": 256, "padding_free": False,
+                              "use_difficulty_filtering": True, "max_filter_rounds": 2})
+    assert picked.loss == DapoLoss(loss_type="dapo", epsilon_low=0.2, epsilon_high=0.4)
+    assert isinstance(picked.advantage, GroupMeanStdAdvantage)
+    assert picked.weight_sync == IpcSync(weight_sync="ipc", weight_sync_bucket_mb=256)
+    assert isinstance(picked.micro_batches, PaddedMicroBatches)
+    assert isinstance(picked.filtering, DifficultyFiltering) and picked.filtering.max_filter_rounds == 2
+    custom = run_choices(a | {"loss_type": "my_losses:clipped", "epsilon_high": 0.4, "mask_ratio_high": 4.0}).loss
+    assert isinstance(custom, CustomLoss) and (custom.epsilon_high, custom.mask_ratio_high) == (0.4, 4.0)
+    with pytest.raises(ConfigError, match=r"^weight_sync_bucket_mb applies only with weight_sync = 'auto' or 'nccl' "
+                                          r"or 'ipc' \(this run has 'lora'\)"):
+        run_choices(a | {"weight_sync": "lora", "weight_sync_bucket_mb": 256})
+
+
 def test_all_shipped_configs_pass_dry_run(tmp_path):
     configs = sorted((Path(__file__).resolve().parents[1] / "configs" / "vf-rl").glob("*.toml"))
     assert len(configs) >= 7
@@ -399,6 +430,8 @@ AGREE_REJECT = {
     "cispo's mask with dapo": ({"loss_type": "dapo", "mask_ratio_high": 4.0}, "mask_ratio_high applies only with"),
     "token budget without padding_free": ({"padding_free": False, "micro_batch_tokens": 4096},
                                           "padding_free = true (this run has false)"),
+    "nccl port with filesystem sync": ({"weight_sync": "filesystem", "weight_sync_port": 29600},
+                                       "weight_sync = 'auto' or 'nccl' (this run has 'filesystem')"),
     "reward bounds crossed": ({"use_difficulty_filtering": True, "difficulty_min_reward": 0.5,
                                "difficulty_max_reward": 0.5}, "difficulty_min_reward (0.5) must be below"),
     "negative beta": ({"beta": -0.1}, "beta: must not be negative"),

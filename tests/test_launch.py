@@ -236,6 +236,26 @@ def test_resolved_config_round_trips_through_its_file(tmp_path, monkeypatch):
             assert key in again.trainer.args, (path.name, key)
 
 
+def test_python_run_records_its_arguments_unless_a_toml_run_wrote_the_file(tmp_path):
+    """RLTrainer writes <output_dir>/resolved.toml from its RLConfig, over its own earlier record
+    but never over the file vf-rl or vf-train wrote for the run."""
+    from vf_rl.config.resolved_toml import PYTHON_RUN_HEADER, record_python_run, write_resolved
+    from vf_rl.config.rl_config import RLConfig
+
+    args = RLConfig(output_dir=str(tmp_path / "run"), use_cpu=True, batch_size=8, rollouts_per_example=4,
+                    micro_batch_size=4, learning_rate=3e-4)
+    path = record_python_run(args, "my/model", env=None)
+    assert path == tmp_path / "run" / "resolved.toml" and path.read_text().startswith(PYTHON_RUN_HEADER)
+    assert "# env: NoneType object (no recipe" in path.read_text()
+    args.learning_rate = 1e-4
+    assert record_python_run(args, "my/model", env=None) == path and "learning_rate = 0.0001 " in path.read_text()
+    config = load_config(write(tmp_path, MINIMAL.format(inf=0, train=0, extra="").replace(
+        'run_name = "alphabet-sort"', f'output_dir = "{tmp_path / "run"}"')))
+    write_resolved(config)
+    from_toml = path.read_text()
+    assert record_python_run(args, "my/model", env=None) is None and path.read_text() == from_toml
+
+
 def test_resolved_config_says_where_each_value_came_from(tmp_path):
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
     config = load_config(path)

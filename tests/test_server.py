@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import re
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ import torch
 from openai import AsyncOpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from vf_rl.config.schema import read_toml
 from vf_rl.env_api import load_environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.batching import micro_batches, rollout_to_samples
@@ -208,6 +210,14 @@ def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypa
     # step 2 starts a push while it trains, step 3 collects it (and starts its own, collected at the end)
     assert [r.get("timing/sync_push_s", 0.0) > 0 for r in steps] == [False, False, True]
     assert [r["off_policy/staleness"] for r in steps] == [0.0, 1.0, 1.0]
+    # a run started from Python records what it used in <output_dir>/resolved.toml too
+    recorded = (tmp_path / "resolved.toml").read_text()
+    assert recorded.startswith("# vf-rl: the resolved trainer arguments of a run started from Python")
+    assert re.search(r"^learning_rate = 0.001 +# set$", recorded, re.M), recorded
+    record = read_toml(tmp_path / "resolved.toml")
+    assert record["env"] == {"id": "reverse-text", "args": {"source": "offline", "num_train_examples": 8,
+                                                           "num_eval_examples": 1}}
+    assert record["trainer"]["args"]["max_steps"] == 3 and record["trainer"]["args"]["eval_rollouts_per_example"] == 2
 
 
 def test_weight_routes_reject_bad_requests(server):

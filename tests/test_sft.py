@@ -96,6 +96,7 @@ def test_unknown_key_is_named():
     ('model = "/nonexistent/model"\n[env]\nid = "reverse-text"\n', "model: local model directory"),
     ('model = "{model}"\n[env]\nid = "reverse-text"\nargz = 1\n', "env.argz: unknown key"),
     ('model = "{model}"\n[env]\nid = "reverse-text"\n[trainer.args]\nnum_train_epochs = "x"\n', "trainer.args"),
+    ('model = "{model}"\n[env]\nid = "reverse-text"\n[trainer.args]\nbf16 = true\n', "bf16 = true needs a GPU"),
 ])
 def test_bad_input_is_one_line_and_exit_2(model_dir, tmp_path, text, expected):
     config = tmp_path / "bad.toml"
@@ -114,7 +115,7 @@ def test_jsonl_rows_train(model_dir, tmp_path):
                                                        {"role": "assistant", "content": str(i)}]}) for i in range(8)))
     config = tmp_path / "sft.toml"
     config.write_text(f'model = "{model_dir}"\n[data]\npath = "{data}"\n[trainer.args]\noutput_dir = "{tmp_path / "o"}"\n'
-                      "max_steps = 2\nper_device_train_batch_size = 4\nuse_lora = false\nlearning_rate = 1e-5\n")
+                      "max_steps = 2\nper_device_train_batch_size = 4\nuse_lora = false\nlearning_rate = 1e-5\nbf16 = false\n")
     result = sft("@", str(config))
     assert result.returncode == 0, result.stderr[-3000:]
     AutoModelForCausalLM.from_pretrained(tmp_path / "o")

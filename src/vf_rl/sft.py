@@ -110,7 +110,9 @@ def split_args(args: dict[str, Any]) -> tuple[dict, dict]:
     """``[trainer.args]`` -> (vf-sft's own keys with defaults, ``SFTConfig`` keyword arguments).
 
     Raises:
-        ConfigError: an unknown key (with the closest known one), or a value of the wrong type."""
+        ConfigError: an unknown key (with the closest known one), a value of the wrong type, or
+            ``bf16 = true`` without a GPU (``bf16`` defaults to whether a GPU is visible)."""
+    import torch
     from pydantic import TypeAdapter, ValidationError
     from trl import SFTConfig
 
@@ -129,6 +131,10 @@ def split_args(args: dict[str, Any]) -> tuple[dict, dict]:
         raise ConfigError(f"trainer.args.{key}: must be positive, got {args[key]}")
     own = {**OWN_KEYS, **{k: v for k, v in args.items() if k in OWN_KEYS}}
     sft = {**DEFAULTS, **{k: v for k, v in args.items() if k not in OWN_KEYS}}
+    cuda = torch.cuda.is_available()
+    sft.setdefault("bf16", cuda)  # bfloat16 on a GPU unless the file says otherwise
+    if sft["bf16"] and not cuda:
+        raise ConfigError("trainer.args.bf16 = true needs a GPU, and none is visible (training on the CPU is float32)")
     sft.setdefault("output_dir", "outputs/sft")
     sft["max_length"] = own["max_seq_len"]
     return own, sft
@@ -164,8 +170,7 @@ def train_sft(model: str, rows: list[dict], args: dict[str, Any]) -> Path:
     if not rows:
         raise ConfigError("no training rows")
     try:
-        config = SFTConfig(**sft, completion_only_loss=True, use_cpu=not torch.cuda.is_available(),
-                           bf16=torch.cuda.is_available())
+        config = SFTConfig(**sft, completion_only_loss=True, use_cpu=not torch.cuda.is_available())
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"trainer.args: {exc}") from None
     out = Path(config.output_dir)

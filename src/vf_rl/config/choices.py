@@ -166,16 +166,23 @@ CHOICES = {
 }
 
 
+Loss = CHOICES["loss"].union
+Advantage = CHOICES["advantage"].union
+WeightSync = CHOICES["weight_sync"].union
+Filtering = CHOICES["filtering"].union
+MicroBatches = CHOICES["micro_batches"].union
+
+
 class RunChoices(BaseModel):
     """The options a run uses, one per choice (``run_choices``)."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
 
-    loss: CHOICES["loss"].union
-    advantage: CHOICES["advantage"].union
-    weight_sync: CHOICES["weight_sync"].union
-    filtering: CHOICES["filtering"].union
-    micro_batches: CHOICES["micro_batches"].union
+    loss: Loss
+    advantage: Advantage
+    weight_sync: WeightSync
+    filtering: Filtering
+    micro_batches: MicroBatches
 
 
 @lru_cache(maxsize=None)

@@ -25,6 +25,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel
 from transformers.trainer_callback import ProgressCallback
 
+from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.config.rules import choose_weight_sync
 from vf_rl.env_api import Environment
@@ -139,6 +140,7 @@ class RLTrainer(CheckpointingTrainer):
         if resume_from_checkpoint and self.is_world_process_zero():
             self.prepare_resume(resume_from_checkpoint)
         if self.is_world_process_zero():
+            record_python_run(self.args, self.served_model_name, self.env)  # <output_dir>/resolved.toml
             print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
             print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
             for server in self.servers:
