@@ -1,7 +1,8 @@
-"""Regenerate the README's configuration table from the schema (RLConfig and the TOML sections).
+"""Regenerate the configuration reference (docs/configuration.md) from the schema (RLArgs and the
+TOML sections). The docs site also renders it at build time (scripts/docs_hooks.py).
 
-    python scripts/gen_config_table.py          # rewrite README.md between the markers
-    python scripts/gen_config_table.py --check  # exit 1 if README.md is out of date
+    python scripts/gen_config_table.py          # rewrite docs/configuration.md between the markers
+    python scripts/gen_config_table.py --check  # exit 1 if docs/configuration.md is out of date
 """
 
 import dataclasses
@@ -13,7 +14,7 @@ from pydantic import BaseModel
 from vf_rl.config.args import rl_fields
 from vf_rl.config.schema import EnvSection, InferenceSection, TrainerSection, VfRlConfig
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 START, END = "<!-- config-table:start -->", "<!-- config-table:end -->"
 
 
@@ -40,14 +41,14 @@ def render(text: str) -> str:
 
 
 def main() -> int:
-    text = README.read_text()
+    text = PAGE.read_text()
     new = render(text)
     if "--check" in sys.argv:
         if new != text:
-            print("README.md's configuration table is out of date: run python scripts/gen_config_table.py")
+            print("docs/configuration.md's table is out of date: run python scripts/gen_config_table.py")
             return 1
         return 0
-    README.write_text(new)
+    PAGE.write_text(new)
     return 0
 
 

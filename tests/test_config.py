@@ -315,7 +315,7 @@ def test_documented_defaults():
     assert args.gradient_accumulation_steps == 1
 
 
-def test_readme_configuration_table_is_generated_from_the_schema():
+def test_configuration_reference_is_generated_from_the_schema():
     script = Path(__file__).resolve().parents[1] / "scripts" / "gen_config_table.py"
     result = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -298,7 +298,7 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
 def test_recipe_keys_are_in_the_generated_table():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "configuration.md").read_text()
     for key in ("trainer.args.use_difficulty_filtering", "trainer.args.difficulty_threshold",
                 "trainer.args.difficulty_min_reward", "trainer.args.difficulty_max_reward",
                 "trainer.args.oversampling_factor", "trainer.args.max_filter_rounds", "trainer.args.beta",

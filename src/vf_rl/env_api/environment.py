@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .parsers import Messages, Parser
 from .rubric import Rubric
@@ -227,7 +227,7 @@ class Environment:
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
                        sampling_args: dict, max_concurrent: int = 1024,
-                       timeout: float | None = None, on_done=None) -> list[Rollout]:
+                       timeout: float | None = None, on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """Roll out every row ``rollouts_per_example`` times and score each rollout.
 
         Args:
@@ -269,7 +269,7 @@ class SingleTurnEnv(Environment):
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
                        sampling_args: dict, max_concurrent: int = 1024,
-                       timeout: float | None = None, on_done=None) -> list[Rollout]:
+                       timeout: float | None = None, on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """As :meth:`Environment.generate`; ``max_concurrent`` rollouts in flight are
         ``max_concurrent // rollouts_per_example`` group requests (at least one)."""
         from .group_sampling import SingleTurnGroups, completion_args

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import torch
-from transformers import AutoTokenizer, PreTrainedModel
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.config.resolved_toml import record_python_run
@@ -69,8 +69,8 @@ class RLTrainer(CheckpointingTrainer):
     """
 
     def __init__(self, model: str | PreTrainedModel, env: Environment, args: RLConfig,
-                 processing_class=None, loss_fn: LossFn | None = None, advantage_fn: AdvantageFn | None = None,
-                 **kwargs):
+                 processing_class: PreTrainedTokenizerBase | None = None, loss_fn: LossFn | None = None,
+                 advantage_fn: AdvantageFn | None = None, **kwargs):
         model_id = model if isinstance(model, str) else model.config._name_or_path
         resolve_temperature(args, env)
         if isinstance(model, str):
