@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -46,6 +47,8 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
     assert "Step 1 samples" in trainer_log and "completion" in trainer_log  # the sample table
     inference_log = (out / "logs" / "inference.log").read_text()
     assert "Application startup complete" in inference_log
+    python_warnings = re.findall(r"\.py:\d+: [A-Z]\w*Warning: [^\n]*", inference_log)
+    assert not python_warnings, python_warnings
     # both sides read the resolved config vf-rl wrote: the server's max_model_len is the file's, the
     # trainer names the file
     resolved = out / "resolved.toml"

@@ -101,6 +101,25 @@ def config_argv(argv: list[str]) -> list[str]:
     return server_argv(load_config(path)) + rest
 
 
+VLLM_WARNING_FILTERS = ("ignore::FutureWarning", "ignore:resource_tracker:UserWarning")
+"""Python warnings the server pane does not show: vLLM's own deprecation notices (about vLLM's
+code, nothing a user can change) and the leak report of its worker processes' resource tracker
+when the server is stopped."""
+
+
+def quiet_vllm_warnings() -> None:
+    """Apply ``VLLM_WARNING_FILTERS`` here and, through ``PYTHONWARNINGS``, in every process vLLM
+    starts; the user's own ``PYTHONWARNINGS`` entries come after ours and take precedence."""
+    import builtins
+    import warnings
+
+    for entry in VLLM_WARNING_FILTERS:
+        action, message, category = entry.split(":")
+        warnings.filterwarnings(action, message=message, category=getattr(builtins, category))
+    user = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = ",".join([*VLLM_WARNING_FILTERS, *([user] if user else [])])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("@"):
@@ -136,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
               "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
         return 2
     _vllm_version_fallback()
+    quiet_vllm_warnings()
     serve = serve_argv(argv, cpu)
     sys.argv = ["vllm", "serve", *serve]
     print("vf-vllm:", " ".join(sys.argv), flush=True)
