@@ -84,3 +84,22 @@ def test_vf_train_rejects_bad_cores_in_one_line(tmp_path, value, message):
                          timeout=120, env={**os.environ, cpus.TRAINER_CORES_ENV: value})
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and message in run.stderr and "Traceback" not in run.stderr
+
+
+def test_vf_train_pins_itself_before_the_config_check_imports_torch(tmp_path):
+    """A config key of TrainingArguments (``seed``) makes the config check import transformers,
+    and with it torch: vf-train must have applied VF_RL_CPU_CORES by then, or torch's thread pool
+    is sized for every core while the process runs on one (training many times slower)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two cores: with one, every thread pool has one thread")
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.format(inf=0, train=0).replace("[trainer.args]", "[trainer.args]\nseed = 7"))
+    code = ("import sys; from vf_rl.cli import train\n"
+            "def checked(path):\n"
+            "    config = load(path); import torch; print('threads', torch.get_num_threads()); sys.exit(0)\n"
+            "load, train.load_config = train.load_config, checked\n"
+            f"train._main(['@', {str(path)!r}])\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**env, cpus.TRAINER_CORES_ENV: str(max(os.sched_getaffinity(0)))})
+    assert "threads 1" in out.stdout, (out.stdout, out.stderr[-2000:])

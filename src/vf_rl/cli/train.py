@@ -41,10 +41,13 @@ def _main(argv: list[str] | None) -> int:
         unknown = [r for r in rest if r != "--resume"]
         if unknown:
             raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
+        # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU), before anything imports torch:
+        # checking a TrainingArguments key in the config imports transformers, and a torch thread pool
+        # sized for every core but pinned to fewer makes each training step many times slower
+        apply_trainer_cores()
         config = load_config(config_path)
         if config.origins:  # resolved here (not vf-rl's resolved.toml): the run's record of what it uses
             write_resolved(config)
-        apply_trainer_cores()  # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU); before torch starts
     except (ValueError, OSError) as exc:  # ConfigError, a bad VF_RL_CPU_CORES, an unwritable output_dir
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
