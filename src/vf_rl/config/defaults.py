@@ -17,6 +17,18 @@ DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
 """The keys :func:`derive_defaults` fills, and from what (shown in ``resolved.toml``)."""
 
 
+def origin(key: str, value: Any, given: bool, label: str = "config") -> str:
+    """Where a resolved trainer key's value came from, as ``resolved.toml`` says it: ``label``
+    when the user gave it, ``derived: <from what>`` when :func:`derive_defaults` filled it with a
+    value other than the field's default, else ``default``."""
+    if given:
+        return label
+    field = rl_fields().get(key)
+    if key in DERIVED_FROM and (field is None or value != field.default):
+        return f"derived: {DERIVED_FROM[key]}"
+    return "default"
+
+
 def derive_defaults(args: dict[str, Any], has_gpu: bool) -> dict[str, Any]:
     """The defaults that depend on other keys, filled in where ``args`` leaves them ``None``:
     ``output_dir`` (``outputs/<run_name>``), ``bf16`` (on with a GPU), ``eval_rollouts_per_example``

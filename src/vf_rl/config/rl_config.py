@@ -15,7 +15,7 @@ from transformers import TrainingArguments
 from vf_rl.env_api.environment import SamplingArgs
 
 from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
-from .defaults import DERIVED_FROM, resolve_trainer_args
+from .defaults import DERIVED_FROM, origin, resolve_trainer_args
 from .rules import check_trainer_args, check_types
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -59,8 +59,8 @@ class RLConfig(RLArgs, TrainingArguments):
         has_gpu = torch.cuda.is_available() and not self.use_cpu
         resolved = resolve_trainer_args(given, has_gpu)
         check_trainer_args(resolved, 1, has_gpu)  # before TrainingArguments' own checks, so the messages agree
-        self.origins = {key: f"derived: {DERIVED_FROM[key]}" if key in DERIVED_FROM and given.get(key) is None
-                        else "default" if resolved[key] == f.default else "set" for key, f in rl_fields().items()}
+        self.origins = {key: origin(key, resolved[key], resolved[key] != f.default and not (
+            key in DERIVED_FROM and given.get(key) is None), "set") for key, f in rl_fields().items()}
         """Where each of vf-rl's keys came from (``resolved.toml`` of a Python run says it)."""
         for key in rl_fields():
             setattr(self, key, resolved[key])

@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from .args import rl_fields
-from .defaults import DERIVED_FROM, rename_older_names, resolve_trainer_args
+from .defaults import origin, rename_older_names, resolve_trainer_args
 from .rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
 
 if sys.version_info >= (3, 11):
@@ -188,9 +188,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     given = rename_older_names(config.trainer.args, "trainer.args.")
     has_gpu = config.trainer.gpus > 0
     a = resolve_trainer_args(given, has_gpu)
-    defaults = {name: f.default for name, f in rl_fields().items()}
-    origins = {f"trainer.args.{k}": "config" if k in given else f"derived: {DERIVED_FROM[k]}"
-               if k in DERIVED_FROM and v != defaults.get(k) else "default" for k, v in a.items()}
+    origins = {f"trainer.args.{k}": origin(k, v, k in given) for k, v in a.items()}
     try:
         sync = choose_weight_sync(a["weight_sync"], *layout_devices(config, a))
     except ConfigError as exc:
