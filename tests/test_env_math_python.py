@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 
 import pytest
 from conftest import assert_rollouts_well_formed
@@ -36,10 +35,8 @@ def test_python_tool_runs_in_another_process_with_empty_env_and_temp_dir():
 
 
 def test_python_tool_time_limit():
-    start = time.monotonic()
     out = run_python("while True:\n    pass", timeout=2)
     assert "timed out after 2 s" in out
-    assert time.monotonic() - start < 10
 
 
 def test_python_tool_memory_limit():

@@ -157,16 +157,16 @@ def test_environment_needs_a_dataset():
         SingleTurnEnv()
 
 
-def test_auto_source_falls_back_fast_when_the_hub_is_unreachable(monkeypatch):
-    import time
-
+def test_auto_source_falls_back_fast_when_the_hub_is_unreachable(monkeypatch, caplog):
+    """With the hub unreachable, ``source = "auto"`` goes to the offline data after one quick
+    check (the warning says so), without entering ``datasets``' retry loop."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
-    start = time.monotonic()
-    env = load_environment("reverse-text")  # source="auto"
+    with caplog.at_level("WARNING"):
+        env = load_environment("reverse-text")  # source="auto"
     assert len(env.get_dataset()) == 2000
-    assert time.monotonic() - start < 15  # no datasets retry loop
+    assert "reverse-text: the hub is unreachable; using the offline data" in caplog.text
 
 
 @pytest.mark.parametrize("column, value", [("prompt", "abc"), ("question", "abc"),
@@ -174,7 +174,7 @@ def test_auto_source_falls_back_fast_when_the_hub_is_unreachable(monkeypatch):
 def test_every_prompt_shape_becomes_chat_messages(column, value):
     """A plain-string ``prompt`` (verifiers reads it as the question), ``question``, or ready
     messages: rows train and evaluate as chat messages; a string gets the system prompt and
-    few-shot turns as a question does."""
+    few-shot turns as a question does; ready messages get the system prompt only (verifiers)."""
     from datasets import Dataset
 
     few_shot = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
@@ -182,7 +182,7 @@ def test_every_prompt_shape_becomes_chat_messages(column, value):
                         few_shot=few_shot)
     prompt = env.get_dataset()[0]["prompt"]
     if isinstance(value, list):
-        assert prompt == value
+        assert prompt == [{"role": "system", "content": "sys"}, *value]
     else:
         assert prompt == [{"role": "system", "content": "sys"}, *few_shot, {"role": "user", "content": "abc"}]
 

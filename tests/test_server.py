@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vf_rl.config.schema import read_toml
 from vf_rl.env_api import load_environment
+from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import InferenceClient
 from vf_rl.trainer.batching import micro_batches, rollout_to_samples
 from vf_rl.trainer.logprobs import selective_logprobs
@@ -252,14 +253,17 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
                         sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=256)
     try:
         batch = orch.wait(0)
-        assert batch.metrics["errors/rate"] == 0.5
+        assert batch.metrics["errors/rate"] == batch.metrics["errors/reward"] == 0.5
+        assert batch.metrics["errors/model"] == batch.metrics["errors/environment"] == 0.0
         assert [r.reward for r in batch.rollouts] == [1.0, 1.0, 0.0, 0.0]
-        assert all("KeyError" in r.error for r in batch.rollouts[2:])
+        assert all(r.error == "reward function picky raised KeyError: 'no score for this row'"
+                   and r.error_kind == "reward" for r in batch.rollouts[2:])
         assert len(batch.samples) == 2  # the failed rollouts carry no training tokens
         printed = capfd.readouterr().err
-        assert printed.count("no score for this row") == 1 and "2/4 rollouts failed" in printed
+        assert printed.count("no score for this row") == 1 and "2/4 rollouts failed (reward 0, no loss; reward error)" in printed
         orch.rows = [rows[1]]  # every rollout of the next batch fails
-        with pytest.raises(RuntimeError, match="every rollout of batch 1 failed"):
+        with pytest.raises(AllRolloutsFailed, match=r"every rollout of batch 1 failed; the first \(reward error\): "
+                                                    "reward function picky raised KeyError"):
             orch.wait(1)
     finally:
         orch.close()
@@ -293,7 +297,8 @@ def test_vf_eval_against_running_server(server, tmp_path):
                              f"http://127.0.0.1:{free_port()}/v1", "-o", str(tmp_path / "closed.jsonl")],
                             capture_output=True, text=True, timeout=600)
     assert closed.returncode == 1, closed.stderr[-2000:]
-    assert "every rollout failed; the first: APIConnectionError" in closed.stderr
+    assert "every rollout failed; the first (model): APIConnectionError: Connection error. (caused by " in closed.stderr
+    assert json.loads((tmp_path / "closed.jsonl").read_text().splitlines()[0])["error_kind"] == "model"
 
 
 def test_rollouts_longer_than_max_seq_len_are_truncated_and_masked(server, env, tokenizer):

@@ -50,6 +50,16 @@ def test_verifiers_modules_load_by_id(vf_envs_on_path):
     guess = load_environment("vfx-guess-number", num_examples=4)
     assert len(guess.get_dataset()) == 4 and guess.get_dataset()[0]["info"]["low"] == 1
     assert type(load_environment("vfx_calculator").env).__name__ == "ToolEnv"
+    # vf-rl's stop condition for cut turns is added once, unless the environment opts out
+    from vf_rl.env_api.verifiers_adapter import turn_truncated
+
+    assert guess.env._stop_conditions.count(turn_truncated) == 1
+    assert VerifiersEnvironment(guess.env).env._stop_conditions.count(turn_truncated) == 1
+    import vfx_guess_number
+
+    raw = vfx_guess_number.load_environment(num_examples=2)
+    raw.stop_on_truncated_turn = False
+    assert turn_truncated not in VerifiersEnvironment(raw).env._stop_conditions
 
 
 def test_v1_plugin_loads_by_id(vf_envs_on_path):
@@ -238,8 +248,14 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     rollouts = generate(raising, rows, 2, sampling)
     assert all("reward function lcs_reward_func raised RuntimeError: odd-length text" in (r.error or "")
                for r in rollouts[:2]), [(r.error, r.reward, r.metrics) for r in rollouts]
-    assert all(r.reward == 0.0 for r in rollouts[:2])
+    assert all(r.reward == 0.0 and r.error_kind == "reward" for r in rollouts[:2])
     assert_rollouts_well_formed(rollouts[2:], max_turns=1)
+
+    # a request the server refuses: a model error that carries the server's own answer (verifiers
+    # records it as a ModelError whose message is "ModelError")
+    refused = generate(env, rows[:1], 2, {"max_tokens": 24, "temperature": -1.0})
+    assert all(r.error_kind == "model" and r.error.startswith("ModelError (caused by ") and "temperature" in r.error
+               for r in refused), [r.error for r in refused]
 
     # multi-turn: a @vf.stop condition, per-example info; turns extend one another
     guess = load_environment("vfx-guess-number", num_examples=2, max_turns=3)
@@ -251,6 +267,12 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     for r in rollouts:
         samples = rollout_to_samples(r.turns, 0.0, 4096)
         assert sum(sum(s.loss_mask) for s in samples) == sum(len(t.completion_ids) for t in r.turns)
+    # a turn cut at max_tokens ends the rollout as truncated (the stop condition vf-rl adds)
+    cut = generate(guess, rows, 2, {"max_tokens": 2, "temperature": 1.0})
+    assert any(r.is_truncated for r in cut)
+    for r in cut:
+        if r.is_truncated:
+            assert len(r.turns) == 1 and r.state["stop_condition"] == "turn_truncated", (r.state, len(r.turns))
 
     # tools: the environment's own tool loop and its tool-call metrics
     calc = load_environment("vfx-calculator")
@@ -332,10 +354,10 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
     env = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 2},
                            agent={"harness": {"id": "vfx-reverse-text-v1", "turns": 2}})
 
-    async def run(env, rows):
+    async def run(env, rows, temperature=1.0):
         client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
         try:
-            return await env.generate(client, server.model, rows, 3, {"max_tokens": 12, "temperature": 1.0})
+            return await env.generate(client, server.model, rows, 3, {"max_tokens": 12, "temperature": temperature})
         finally:
             await client.close()
 
@@ -357,9 +379,13 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
     raising = load_environment("vfx-reverse-text-v1", taskset={"num_tasks": 3, "task": {"raise_on_odd": True}})
     rows = [raising.get_dataset()[i] for i in (0, 2)]  # texts of 19 (odd) and 16 (even) characters
     rollouts = asyncio.run(run(raising, rows))
-    assert all("odd-length text" in (r.error or "") and r.reward == 0.0 for r in rollouts[:3]), \
-        [(r.error, r.reward) for r in rollouts]
+    assert all("odd-length text" in (r.error or "") and r.reward == 0.0 and r.error_kind == "reward"
+               for r in rollouts[:3]), [(r.error, r.error_kind, r.reward) for r in rollouts]
     assert_rollouts_well_formed(rollouts[3:], max_turns=1)
+
+    # a request the server refuses: a model error with the server's answer
+    refused = asyncio.run(run(env, [env.get_dataset()[0]], temperature=-1.0))
+    assert all(r.error_kind == "model" and "temperature" in r.error for r in refused), [r.error for r in refused]
 
 
 OVERLAY = os.environ.get("VF_RL_VERIFIERS_OVERLAY")  # VF_RL_VERIFIERS_VERSION=0.4.0 scripts/install_verifiers.sh

@@ -12,8 +12,11 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
     Returns:
         ``reward`` (mean), ``reward/std``, ``reward/within_group_std`` (mean over groups of the
         std within a group: 0 means no group has anything to learn from), ``reward/<func>`` per
-        reward function, ``errors/rate``, ``truncated/rate``, ``turns/mean`` (model turns) and
-        ``tokens/completion`` (sampled tokens per rollout).
+        reward function, ``errors/rate`` and ``errors/<kind>`` (the share of rollouts that failed,
+        in all and per kind of :data:`vf_rl.env_api.errors.KINDS`, the kinds present when some
+        rollout failed), ``truncated/rate``, ``turns/mean`` (model turns), ``tokens/completion``
+        (sampled tokens per rollout) and, for tool-calling rollouts, ``tools/calls`` and
+        ``tools/parse_failures`` (per rollout).
     """
     rewards = [r.reward for r in rollouts]
     groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
@@ -26,6 +29,15 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
         "turns/mean": statistics.fmean(len(r.turns) for r in rollouts),
         "tokens/completion": statistics.fmean(sum(len(t.completion_ids) for t in r.turns) for r in rollouts),
     }
+    if any(r.error is not None for r in rollouts):
+        from vf_rl.env_api.errors import KINDS
+
+        for kind in KINDS:
+            metrics[f"errors/{kind}"] = statistics.fmean(
+                float(r.error is not None and (r.error_kind or "environment") == kind) for r in rollouts)
+    if any("tool_calls" in r.state for r in rollouts):  # ToolEnv's counts (env_api/tool_env.py)
+        metrics["tools/calls"] = statistics.fmean(r.state.get("tool_calls", 0) for r in rollouts)
+        metrics["tools/parse_failures"] = statistics.fmean(r.state.get("tool_parse_failures", 0) for r in rollouts)
     for name in sorted({name for r in rollouts for name in r.metrics}):
         metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
     return metrics

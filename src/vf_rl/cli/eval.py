@@ -33,7 +33,8 @@ EXIT_ALL_FAILED = 1
 
 def rollout_record(r) -> dict:
     return {"example_id": r.example_id, "prompt": r.prompt, "completion": r.completion, "answer": r.answer,
-            "reward": r.reward, "metrics": r.metrics, "error": r.error, "truncated": r.is_truncated,
+            "reward": r.reward, "metrics": r.metrics, "error": r.error, "error_kind": r.error_kind,
+            "truncated": r.is_truncated,
             "turns": len(r.turns), "completion_tokens": sum(len(t.completion_ids) for t in r.turns)}
 
 
@@ -143,12 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:<28} {value:.4f}")
     print(f"  {'time/total_s':<28} {seconds:.1f}")
     print(f"  {'tokens_per_s':<28} {tokens / max(seconds, 1e-9):.1f}")
-    errors = {r.error for r in rollouts if r.error}
-    for error in sorted(errors)[:5]:
-        print(f"  error: {error}")
+    errors = {(r.error_kind, r.error) for r in rollouts if r.error}
+    for kind, error in sorted(errors)[:5]:
+        print(f"  error ({kind}): {error}")
     print(f"rollouts written to {output}")
     if rollouts and all(r.error for r in rollouts):
-        print(f"vf-eval: error: every rollout failed; the first: {rollouts[0].error}", file=sys.stderr)
+        first = rollouts[0]
+        print(f"vf-eval: error: every rollout failed; the first ({first.error_kind}): {first.error}", file=sys.stderr)
         return EXIT_ALL_FAILED
     return 0
 

@@ -33,13 +33,8 @@ from pathlib import Path
 
 from vf_rl.cli.cpus import cpu_side_env
 from vf_rl.config.resolved_toml import to_toml, write_resolved
-from vf_rl.config.schema import (
-    LOOPBACK,
-    ConfigError,
-    VfRlConfig,
-    load_config,
-    parse_at_args,
-)
+from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args
+from vf_rl.config.tools import check_tool_calling
 from vf_rl.config.vllm_flags import check_inference_args
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
 
@@ -424,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(config_path)
         try:
             checked = check_inference_args(config.inference.args)
+            if opts.node_rank is None:
+                check_tool_calling(config)
         except ConfigError as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
         if opts.node_rank is not None and not 0 <= opts.node_rank < config.trainer.nodes:

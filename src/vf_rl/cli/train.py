@@ -22,6 +22,7 @@ from vf_rl.config.resolved_toml import write_resolved
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
 
 EXIT_BAD_INPUT = 2
+EXIT_ALL_FAILED = 1
 EXIT_SERVER_GONE = 3
 EXIT_INTERRUPTED = 130  # as bash reports a command ended by Ctrl-C
 
@@ -62,6 +63,7 @@ def _main(argv: list[str] | None) -> int:
     except (TypeError, ValueError) as exc:
         print(f"vf-train: error: {config_path}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from vf_rl.env_api.errors import AllRolloutsFailed
     from vf_rl.inference.supervision import ServerExited
 
     print(f"Loading model {config.model} (config: {config_path})...", flush=True)
@@ -73,6 +75,9 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except AllRolloutsFailed as exc:  # nothing to train on: the cause in one line (the log has each error)
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_ALL_FAILED
     except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_SERVER_GONE

@@ -34,6 +34,7 @@ from pydantic import (
 from .args import rl_fields
 from .defaults import origin, rename_older_names, resolve_trainer_args
 from .rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
+from .tools import tool_flags
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -179,7 +180,8 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
     the trainer's keys: ``max_model_len`` (``max_seq_len``: one sequence-length truth), ``host``
     and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (0.3 when shared), the
-    LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs).
+    LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs), tool
+    calling (``tools.tool_flags``: on when the model's chat template has a known tool-call format).
     ``origins`` says where each value came from.
 
     Raises:
@@ -205,6 +207,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
         derived["enable_lora"] = (True, "weight_sync = 'lora'")
         derived["max_lora_rank"] = (next(r for r in LORA_RANKS if r >= int(a["lora_rank"])), "trainer.args.lora_rank")
         derived["max_loras"] = (1, "weight_sync = 'lora'")
+    derived.update(tool_flags(config.model, inference))
     if config.inference.gpus > 1:
         derived["data_parallel_size"] = (config.inference.gpus // int(inference.get("tensor_parallel_size", 1)),
                                          "inference.gpus / tensor_parallel_size")

@@ -8,10 +8,12 @@ sampling log-probs the server reported), and the scores that ``generate`` attach
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from .errors import ModelServerError, describe, kind_of
 from .parsers import Messages, Parser
 from .rubric import Rubric
 
@@ -53,6 +55,7 @@ class Rollout:
     reward: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    error_kind: str | None = None
 
 
 class SamplingArgs(dict):
@@ -91,6 +94,20 @@ def prompt_messages(prompt: str | Messages) -> Messages:
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
     return [dict(m) for m in prompt]
+
+
+def row_info(info: Any) -> dict:
+    """A row's ``info`` as a dict: verifiers accepts a dict or its JSON text (``Info | str``);
+    ``None`` or ``""`` is ``{}``.
+
+    Raises:
+        ValueError: text that is not a JSON object.
+    """
+    if isinstance(info, str):
+        info = json.loads(info) if info.strip() else {}
+        if not isinstance(info, dict):
+            raise ValueError(f"a row's info must be a JSON object, got {type(info).__name__}")
+    return dict(info or {})
 
 
 def format_prompt(question: str, system_prompt: str | None = None,
@@ -137,14 +154,22 @@ class Environment:
         self.eval_dataset = self._format(eval_dataset) if eval_dataset is not None else None
 
     def _format(self, dataset: Dataset) -> Dataset:
+        """Rows as verifiers shapes them: ``question`` (or a ``prompt`` string) becomes system
+        prompt + few-shot turns + the question as a user message; a ``prompt`` of messages gets
+        the system prompt first unless it opens with one (few-shot turns are not added to it)."""
+        sp, fs = self.system_prompt, self.few_shot
         if "prompt" in dataset.column_names and len(dataset) and isinstance(dataset[0]["prompt"], str):
-            sp, fs = self.system_prompt, self.few_shot  # a string prompt is the question: messages around it
             dataset = dataset.map(lambda row: {"prompt_messages": format_prompt(row["prompt"], sp, fs)})
             dataset = dataset.remove_columns("prompt").rename_column("prompt_messages", "prompt")
+        elif "prompt" in dataset.column_names and sp:
+            def with_system(row):
+                opens = row["prompt"] and row["prompt"][0].get("role") == "system"
+                return {"prompt": row["prompt"] if opens else [{"role": "system", "content": sp}, *row["prompt"]]}
+
+            dataset = dataset.map(with_system)
         if "prompt" not in dataset.column_names:
             if "question" not in dataset.column_names:
                 raise ValueError(f"dataset needs a 'prompt' or 'question' column, has {dataset.column_names}")
-            sp, fs = self.system_prompt, self.few_shot
             dataset = dataset.map(lambda row: {"prompt": format_prompt(row["question"], sp, fs)})
         if "answer" not in dataset.column_names:
             dataset = dataset.add_column("answer", [""] * len(dataset))
@@ -184,10 +209,10 @@ class Environment:
         prompt_ids = getattr(response, "prompt_token_ids", None)
         completion_ids = getattr(choice, "token_ids", None)
         if prompt_ids is None or completion_ids is None or choice.logprobs is None:
-            raise RuntimeError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
+            raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
         logprobs = [float(t.logprob) for t in choice.logprobs.content]
         if len(logprobs) != len(completion_ids):
-            raise RuntimeError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
+            raise ModelServerError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
         message = {"role": "assistant", "content": choice.message.content or ""}
         if choice.message.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": "function",
@@ -222,7 +247,7 @@ class Environment:
     def new_rollouts(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
         """Empty rollouts, ``rollouts_per_example`` per row, grouped by row."""
         return [Rollout(example_id=i, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
-                        info=dict(row.get("info") or {}), task=row.get("task"))
+                        info=row_info(row.get("info")), task=row.get("task"))
                 for i, row in enumerate(rows) for _ in range(rollouts_per_example)]
 
     async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
@@ -251,11 +276,10 @@ class Environment:
 
 
 def set_error(rollout: Rollout, exc: BaseException) -> None:
-    """Record ``exc`` as the rollout's error, with reward 0 (training goes on without it)."""
-    if isinstance(exc, asyncio.TimeoutError) and not str(exc):
-        exc = TimeoutError("the rollout did not finish within the time allowed (generation_timeout)")
-    rollout.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    rollout.reward = 0.0
+    """Record ``exc`` as the rollout's error (its message and causes, :func:`~.errors.describe`)
+    and where it came from (``error_kind``, :func:`~.errors.kind_of`), with reward 0 (training
+    goes on without it)."""
+    rollout.error, rollout.error_kind, rollout.reward = describe(exc), kind_of(exc), 0.0
 
 
 class SingleTurnEnv(Environment):

@@ -22,7 +22,8 @@ import inspect
 import json
 from typing import Any
 
-from .environment import Rollout, prompt_messages, set_error
+from .environment import Rollout, prompt_messages, row_info, set_error
+from .errors import ModelServerError
 from .parsers import Messages
 
 COMPLETION_KEYS = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
@@ -92,9 +93,9 @@ class GroupSampler:
         for choice in choices:
             ids, logprobs = choice.get("token_ids"), (choice.get("logprobs") or {}).get("token_logprobs")
             if ids is None or logprobs is None:
-                raise RuntimeError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
+                raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
             if len(ids) != len(logprobs):
-                raise RuntimeError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
+                raise ModelServerError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
             turn = Turn(list(prompt), ids, [float(x) for x in logprobs])
             results.append(({"role": "assistant", "content": choice["text"]}, turn, choice["finish_reason"] == "length"))
         return results
@@ -112,7 +113,7 @@ def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Ro
     rollouts = []
     for _ in range(r):
         rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
-                          info=dict(row.get("info") or {}), task=row.get("task"))
+                          info=row_info(row.get("info")), task=row.get("task"))
         set_error(rollout, exc)
         rollouts.append(rollout)
     return rollouts

@@ -11,6 +11,7 @@ import asyncio
 import inspect
 from typing import Any, Callable
 
+from .errors import RewardFunctionError
 from .parsers import Parser
 
 RewardFunc = Callable[..., Any]
@@ -45,10 +46,13 @@ class Rubric:
         params = inspect.signature(func).parameters
         if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in params}
-        result = func(**kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return float(result)
+        try:
+            result = func(**kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return float(result)
+        except Exception as exc:
+            raise RewardFunctionError(getattr(func, "__name__", type(func).__name__), exc) from exc
 
     async def score(self, *, prompt, completion, answer=None, state=None, info=None,
                     task=None) -> tuple[float, dict[str, float]]:
@@ -58,7 +62,8 @@ class Rubric:
             ``(reward, per_function)``: the weighted sum, and each function's unweighted
             value keyed by the function's ``__name__``.
         Raises:
-            Whatever a reward function raises (the orchestrator records it as an error).
+            RewardFunctionError: a reward function raised (the rollout records it as its error,
+                kind ``reward``, or ``parser`` when it was raised inside a parser).
         """
         kwargs = dict(prompt=prompt, completion=completion, answer=answer, state=state or {},
                       info=info or {}, task=task, parser=self.parser)

@@ -91,8 +91,9 @@ class ToolEnv(MultiTurnEnv):
         tool_timeout: seconds one tool call may take.
         tool_choice: passed to the server (``"auto"``; a dict names a tool to force).
         strict_tools: mark the schemas strict (see :func:`tool_schema`).
-    The vLLM server needs ``enable_auto_tool_choice = true`` and a ``tool_call_parser``
-    (``[inference.args]``).
+    The vLLM server needs tool calling (``enable_auto_tool_choice`` and a ``tool_call_parser``):
+    ``vf-rl`` turns it on when the model's chat template has a known tool-call format, else
+    ``[inference.args]`` must name the parser (:mod:`vf_rl.config.tools`).
     """
 
     def __init__(self, tools: list[Callable] | None = None, max_turns: int = 10, tool_timeout: float = 30.0,
@@ -111,6 +112,29 @@ class ToolEnv(MultiTurnEnv):
     async def is_completed(self, messages: Messages, state: dict, **kwargs: Any) -> bool:
         last = messages[-1]
         return last.get("role") == "assistant" and not last.get("tool_calls")
+
+    async def rollout(self, client, model: str, rollout, sampling_args: dict) -> None:
+        """As :meth:`MultiTurnEnv.rollout`, then count the rollout's tool calls in its state:
+        ``tool_calls``, and ``tool_parse_failures``: calls whose arguments are not JSON, and
+        replies the server did not parse into a call although they hold a tool-call marker
+        (``<tool_call>``...: the model's format differs from the server's ``tool_call_parser``).
+        The metrics report both (``tools/calls``, ``tools/parse_failures``)."""
+        await super().rollout(client, model, rollout, sampling_args)
+        from vf_rl.config.tools import TEMPLATE_FORMATS
+
+        calls = failures = 0
+        for message in rollout.completion:
+            if message.get("role") != "assistant":
+                continue
+            for call in message.get("tool_calls") or []:
+                calls += 1
+                try:
+                    json.loads(call["function"].get("arguments") or "{}")
+                except json.JSONDecodeError:
+                    failures += 1
+            if not message.get("tool_calls") and any(m in (message.get("content") or "") for m, _ in TEMPLATE_FORMATS):
+                failures += 1
+        rollout.state.update(tool_calls=calls, tool_parse_failures=failures)
 
     async def call_tool(self, name: str, arguments: str) -> str:
         """Run one tool call; errors come back as text for the model to read."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
+from .environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
+from .errors import kind_of_names
 from .group_sampling import GroupRunner
 
 logger = logging.getLogger(__name__)
@@ -204,12 +204,30 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _error_text(error: Any) -> str | None:
+async def turn_truncated(state: dict) -> bool:
+    """A stop condition vf-rl adds to classic multi-turn environments: the last model turn was
+    cut at ``max_tokens``. The rollout then ends as truncated, as vf-rl's own multi-turn
+    environments end it, instead of answering a half-written turn (an environment that sets
+    ``stop_on_truncated_turn = False`` keeps verifiers' behaviour: it goes on)."""
+    trajectory = state.get("trajectory") or []
+    return bool(trajectory) and bool(trajectory[-1].get("is_truncated"))
+
+
+def _error(error: Any) -> tuple[str, str] | None:
+    """``(text, kind)`` of the error a classic rollout recorded (verifiers' ``ErrorData``: the
+    exception's name and message and its chain of causes), or ``None``. verifiers gives a
+    ``ModelError`` the message ``"ModelError"``; the text carries the causes (the server's own
+    answer) instead."""
     if error is None:
         return None
-    if isinstance(error, dict):
-        return f"{error.get('error', 'Error')}: {error.get('message', '')}".rstrip(": ")
-    return str(error)
+    if not isinstance(error, dict):
+        return str(error), "environment"
+    name, message = str(error.get("error") or "Error"), str(error.get("message") or "")
+    text = f"{name}: {message}" if message and message != name else name
+    causes = str(error.get("error_chain_repr") or "").split(" -> ")[1:]
+    text += "".join(f" (caused by {cause})" for cause in causes)
+    names = [n.strip() for n in str(error.get("error_chain_str") or name).split("->")]
+    return text, kind_of_names(names, message)
 
 
 class VerifiersEnvironment(GroupRunner):
@@ -240,6 +258,9 @@ class VerifiersEnvironment(GroupRunner):
         self.env = env
         self.sampling_args = dict(getattr(env, "sampling_args", None) or {})
         _instrument_rubric(getattr(env, "rubric", None))
+        stops = getattr(env, "_stop_conditions", None)
+        if isinstance(stops, list) and getattr(env, "stop_on_truncated_turn", True) and turn_truncated not in stops:
+            stops.insert(0, turn_truncated)  # a turn cut at max_tokens ends the rollout, as in vf-rl's own
         self._client_cache: tuple[Any, Any] | None = None
 
     def __repr__(self) -> str:
@@ -286,13 +307,10 @@ class VerifiersEnvironment(GroupRunner):
 
     @staticmethod
     def _input(row: dict, index: int) -> dict:
-        info = row.get("info") or {}
-        if isinstance(info, str):
-            info = json.loads(info) if info.strip() else {}
         example_id = row.get("example_id")
         return {"prompt": prompt_messages(row["prompt"]),
                 "example_id": int(example_id) if isinstance(example_id, int) else index,
-                "answer": row.get("answer") or "", "info": info}
+                "answer": row.get("answer") or "", "info": row_info(row.get("info"))}
 
     def _to_rollout(self, output: dict, row: dict, index: int) -> Rollout:
         """One verifiers ``RolloutOutput`` -> a vf-rl :class:`Rollout` (one Turn per step)."""
@@ -305,29 +323,31 @@ class VerifiersEnvironment(GroupRunner):
                            if isinstance(v, (int, float))}
         rollout.reward = float(output.get("reward") or 0.0)
         rollout.state = {"stop_condition": output.get("stop_condition")}
-        error = _error_text(output.get("error"))
+        error = _error(output.get("error"))
         reward_errors = output.get(REWARD_ERRORS_KEY) or []
         if error is None and reward_errors:
-            error = "; ".join(reward_errors)
+            error = "; ".join(reward_errors), "reward"
         for step in output.get("trajectory") or []:
             tokens = step.get("tokens") if isinstance(step, dict) else None
             if not tokens:
-                error = error or "verifiers returned a trajectory step without token ids (is the server vf-vllm?)"
+                error = error or ("verifiers returned a trajectory step without token ids (is the server vf-vllm?)",
+                                  "model")
                 break
             if tokens.get("overlong_prompt"):
                 rollout.is_truncated = True
                 break
             mask = tokens.get("completion_mask") or []
             if mask and not all(mask):
-                error = error or "verifiers masked completion tokens (completion_mask), which vf-rl cannot train yet"
+                error = error or ("verifiers masked completion tokens (completion_mask), which vf-rl cannot train yet",
+                                  "environment")
                 break
             ids, logprobs = list(tokens["completion_ids"]), [float(x) for x in tokens["completion_logprobs"]]
             if len(ids) != len(logprobs):
-                error = error or f"trajectory step has {len(ids)} token ids but {len(logprobs)} logprobs"
+                error = error or (f"trajectory step has {len(ids)} token ids but {len(logprobs)} logprobs", "model")
                 break
             rollout.turns.append(Turn(list(tokens["prompt_ids"]), ids, logprobs))
         if error is not None:
-            rollout.error, rollout.reward = error, 0.0
+            (rollout.error, rollout.error_kind), rollout.reward = error, 0.0
         return rollout
 
     def _start(self, client, model: str, sampling_args: dict) -> tuple:

@@ -43,7 +43,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args, prompt_messages
+from .environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
+from .errors import kind_of_names
 from .group_sampling import GroupRunner
 from .verifiers_adapter import (
     VerifiersError,
@@ -243,8 +244,12 @@ def trace_turns(trace) -> tuple[list[Turn], str | None]:
     return turns, None
 
 
-def _error_line(error) -> str:
-    return f"{error.type}: {error.message}".strip() if error is not None else "unknown error"
+def _error(error) -> tuple[str, str]:
+    """``(text, kind)`` of a v1 trace's recorded ``Error`` (its type names the boundary the
+    failure crossed: provider, task, toolset, harness...)."""
+    if error is None:
+        return "unknown error", "environment"
+    return f"{error.type}: {error.message}".strip(), kind_of_names([error.type], error.message or "")
 
 
 class VerifiersV1Environment(GroupRunner):
@@ -277,7 +282,8 @@ class VerifiersV1Environment(GroupRunner):
             raise VerifiersError(f"{name}: taskset {type(taskset).__name__} is infinite; vf-rl needs a finite "
                                  f"list of rows (bound it in the taskset's config)")
         task_cls = type(taskset).task_type()
-        if task_cls.toolsets(taskset.config.task) or taskset.toolsets(taskset.config):
+        self.uses_tools = bool(task_cls.toolsets(taskset.config.task) or taskset.toolsets(taskset.config))
+        if self.uses_tools:  # the model calls them through the chat API: the server needs tool calling
             try:
                 importlib.import_module("mcp.server.fastmcp")
             except ImportError:
@@ -387,14 +393,15 @@ class VerifiersV1Environment(GroupRunner):
     def _to_rollout(self, episode, row: dict, index: int) -> Rollout:
         """One v1 ``Episode`` -> a vf-rl :class:`Rollout` (its one trainable trace)."""
         rollout = Rollout(example_id=index, prompt=prompt_messages(row["prompt"]), answer=row.get("answer"),
-                          info=dict(row.get("info") or {}), task=row.get("task"))
+                          info=row_info(row.get("info")), task=row.get("task"))
         traces = [t for t in episode.traces if getattr(t.agent, "trainable", True)]
         error = None
         if episode.errors:
-            error = _error_line(episode.errors[-1])
+            error = _error(episode.errors[-1])
         if len(traces) != 1:
-            rollout.error = error or (f"the episode has {len(traces)} trainable traces; vf-rl trains episodes "
-                                      f"with exactly one (multi-agent episodes are not supported yet)")
+            rollout.error, rollout.error_kind = error or (
+                f"the episode has {len(traces)} trainable traces; vf-rl trains episodes with exactly one "
+                f"(multi-agent episodes are not supported yet)", "environment")
             return rollout
         trace = traces[0]
         rollout.state = {"stop_condition": trace.stop_condition, "trace_id": trace.id}
@@ -409,8 +416,9 @@ class VerifiersV1Environment(GroupRunner):
                                   for n in branches[-1].nodes[len(rollout.prompt):]]
         rollout.turns, turn_error = trace_turns(trace)
         if not trace.ok:
-            error = error or _error_line(trace.last_error)
-        error = error or turn_error
+            error = error or _error(trace.last_error)
+        if error is None and turn_error is not None:  # a trace vf-rl cannot train
+            error = turn_error, "environment"
         if error is not None:
-            rollout.error, rollout.reward = error, 0.0
+            (rollout.error, rollout.error_kind), rollout.reward = error, 0.0
         return rollout

@@ -41,7 +41,7 @@ def sample_table(batch, step: int, rows: int = 3) -> None:
     table.add_column("reward", justify="right")
     group = max(len(batch.rollouts) // max(len(batch.row_ids), 1), 1)
     for r in batch.rollouts[::group][:rows]:
-        completion = last_text(r.completion) if not r.error else f"[error] {r.error}"
+        completion = last_text(r.completion) if not r.error else f"[{r.error_kind} error] {r.error}"
         table.add_row(last_text(r.prompt)[-200:], completion[:400], f"{r.reward:.3f}")
     _console.print(table)
 
@@ -64,7 +64,8 @@ def wandb_sample_table(batch, report_to) -> None:
 
     if wandb.run is None:
         return
-    table = wandb.Table(columns=["step", "prompt", "completion", "reward"])
+    table = wandb.Table(columns=["step", "prompt", "completion", "reward", "error"])
     for r in batch.rollouts[:8]:
-        table.add_data(batch.step + 1, last_text(r.prompt), last_text(r.completion), r.reward)
+        error = f"[{r.error_kind}] {r.error}" if r.error else ""
+        table.add_data(batch.step + 1, last_text(r.prompt), last_text(r.completion), r.reward, error)
     wandb.log({"samples": table}, commit=False)

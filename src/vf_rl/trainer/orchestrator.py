@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from vf_rl.env_api import Environment, Rollout
+from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import openai_client
 from vf_rl.metrics import env_metrics, rollout_metrics
 
@@ -29,7 +30,8 @@ from .batching import Sample, exceeds_max_seq_len, rollout_to_samples
 from .filtering import DifficultyFilter
 
 SERVER_ERRORS = ("APIConnectionError",)
-"""Rollout errors that mean the server could not be reached (it died or restarts)."""
+"""Exception names in a rollout's error that mean the server could not be reached (it died or
+restarts)."""
 
 
 @dataclass
@@ -265,15 +267,17 @@ class Orchestrator:
         servers = [server_of.get(id(r), 0) for r in rollouts]
         generation_s = time.perf_counter() - start
         errors = [r for r in rollouts if r.error]
-        lost = {s for r, s in zip(rollouts, servers) if r.error and r.error.startswith(SERVER_ERRORS)}
-        server_errors = sum(bool(r.error and r.error.startswith(SERVER_ERRORS)) for r in rollouts)
+        unreachable = [bool(r.error and any(name in r.error for name in SERVER_ERRORS)) for r in rollouts]
+        lost = {s for s, gone in zip(servers, unreachable) if gone}
+        server_errors = sum(unreachable)
         if len(self.clients) > 1:  # a server that could not be reached gets no rollouts until the next sync
             self.active -= lost
         if len(errors) == len(rollouts) and not server_errors:
-            raise RuntimeError(f"every rollout of batch {step} failed; first error: {errors[0].error}")
-        for cause, count in Counter(r.error for r in errors).items():  # each distinct cause once per batch
-            print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss): {cause}",
-                  file=sys.stderr, flush=True)
+            raise AllRolloutsFailed(f"every rollout of batch {step} failed; the first ({errors[0].error_kind} "
+                                    f"error): {errors[0].error}")
+        for (kind, cause), count in Counter((r.error_kind, r.error) for r in errors).items():  # each cause once
+            print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss; "
+                  f"{kind} error): {cause}", file=sys.stderr, flush=True)
         advantages = compute_advantages(self.advantage_fn, rollouts, self.rollouts_per_example)
         samples = []
         for i, (rollout, advantage) in enumerate(zip(rollouts, advantages)):
