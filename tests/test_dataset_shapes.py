@@ -102,3 +102,31 @@ def test_vf_eval_on_a_classic_environment_with_string_prompts(server, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 4 and all(r["error"] is None and r["reward"] == 1.0 for r in records)
     assert records[0]["prompt"] == [{"role": "user", "content": "Say hi."}]
+
+
+@pytest.mark.server
+def test_classic_reward_functions_get_the_rows_other_columns(server):
+    """verifiers hands a row's other columns to reward functions by name (a published
+    environment's ``reward_fn(completion, f_str, is_elementary, **_)``)."""
+    import verifiers as vf
+    from datasets import Dataset
+    from openai import AsyncOpenAI
+
+    from vf_rl.env_api.verifiers_adapter import VerifiersEnvironment
+
+    def by_columns(completion, target, weight, **kwargs) -> float:
+        return weight if target == "hi" else -1.0
+
+    ds = Dataset.from_list([{"question": "Say hi.", "target": "hi", "weight": 0.75}])
+    env = VerifiersEnvironment(vf.SingleTurnEnv(dataset=ds, rubric=vf.Rubric(funcs=[by_columns])))
+
+    async def run():
+        client = AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="x")
+        try:
+            return await env.generate(client, server.model, [dict(r) for r in env.get_dataset()], 2,
+                                      {"max_tokens": 3})
+        finally:
+            await client.close()
+
+    rollouts = asyncio.run(run())
+    assert [(r.error, r.reward) for r in rollouts] == [(None, 0.75)] * 2

@@ -114,7 +114,8 @@ def test_tool_calls_and_parse_failures_are_counted(server):
         """Add two integers."""
         return a + b
 
-    env = ToolEnv(tools=[add], max_turns=2, strict_tools=False, dataset=Dataset.from_list([{"question": "2 + 3?", "answer": "5"}]),
+    env = ToolEnv(tools=[add], max_turns=2, strict_tools=False,
+                  dataset=Dataset.from_list([{"question": "2 + 3?", "answer": "5"}]),
                   rubric=Rubric(funcs=[lambda completion, **kw: 0.0]))
 
     def run(regex: str):

@@ -27,6 +27,7 @@ from typing import Any
 from .environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
 from .errors import kind_of_names
 from .group_sampling import GroupRunner
+from .mixture import ENV_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -204,6 +205,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# row keys not passed to verifiers: vf-rl's own (prompt_rows' row_id, a mixture's env) and a
+# plain-string task, which verifiers 0.3 reads as a serialized task payload
+VF_RL_ROW_KEYS = frozenset({"row_id", ENV_KEY, "task"})
+
+
 async def turn_truncated(state: dict) -> bool:
     """A stop condition vf-rl adds to classic multi-turn environments: the last model turn was
     cut at ``max_tokens``. The rollout then ends as truncated, as vf-rl's own multi-turn
@@ -307,8 +313,11 @@ class VerifiersEnvironment(GroupRunner):
 
     @staticmethod
     def _input(row: dict, index: int) -> dict:
+        """verifiers' ``RolloutInput`` for a row: its other columns go along (verifiers hands
+        them to reward functions as keyword arguments); ``task`` and vf-rl's own keys do not."""
         example_id = row.get("example_id")
-        return {"prompt": prompt_messages(row["prompt"]),
+        extra = {k: v for k, v in row.items() if k not in VF_RL_ROW_KEYS}
+        return {**extra, "prompt": prompt_messages(row["prompt"]),
                 "example_id": int(example_id) if isinstance(example_id, int) else index,
                 "answer": row.get("answer") or "", "info": row_info(row.get("info"))}
 
