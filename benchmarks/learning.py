@@ -16,7 +16,9 @@ first. Each side evaluates the environment's held-out rows (``--eval-examples`` 
 Sides (``--sides``): ``vf-rl``, and TRL sides named ``trl`` plus options joined by ``-``:
 ``compile`` (``torch_compile=True``), ``liger`` (``use_liger_kernel=True``), ``sleep`` (vLLM sleep
 mode in colocate). TRL generates with transformers on the CPU (``--trl-vllm none``) and with
-``--trl-vllm colocate`` (one GPU) or ``server`` (``trl vllm-serve`` on GPU 0, training on GPU 1).
+``--trl-vllm colocate`` (one GPU) or ``server`` (``trl vllm-serve`` on GPU 0, training on GPU 1;
+with LoRA, TRL 1.16 sends the server its base weights at every sync, so the side copies each merged
+tensor before it is sent: see ``TRL_SCRIPT``).
 The best TRL side is the one with the most rollouts per second; ratios are against it.
 
 Environments (``--env``; the offline data shipped with vf-rl):
@@ -254,7 +256,9 @@ class Clock(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         if logs and "reward" in logs and "eval_reward" not in logs:
             records.append({"step": state.global_step, "reward": logs["reward"], "unix_s": time.time(),
-                            "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"]})
+                            "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"],
+                            # how far the generating server's log-probs are from the trainer's (stale weights)
+                            "logp_diff": logs.get("sampling/sampling_logp_difference/mean")})
             print("learning-record", json.dumps(records[-1]), flush=True)  # progress, kept in the side's log
 
 batch = opts["prompts"] * opts["rollouts"]
@@ -276,6 +280,13 @@ lora = LoraConfig(r=opts["lora_rank"], lora_alpha=opts["lora_alpha"], lora_dropo
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 trainer = GRPOTrainer(model=opts["model"], reward_funcs=rubric_reward, args=config, train_dataset=data,
                       processing_class=tokenizer, peft_config=lora, callbacks=[Clock()])
+if opts["trl_vllm"] == "server":
+    # TRL 1.16, server mode with LoRA: its generator yields views of the merged weights and unmerges after the
+    # last one, while vLLM's packed NCCL broadcast concatenates the views only when the generator is exhausted,
+    # so the server receives the base weights at every sync and never learns. A copy taken at each yield (while
+    # merged) sends what TRL means to send; it costs one model's memory per sync.
+    _walk = trainer.vllm_generation._iter_named_params
+    trainer.vllm_generation._iter_named_params = lambda: ((name, p.clone()) for name, p in _walk())
 
 def held_out_reward() -> float:
     """Mean reward of eval_rollouts samples per held-out row (temperature 1, the same rows and
