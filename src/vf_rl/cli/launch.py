@@ -3,6 +3,7 @@ pane (vf-train).
 
     vf-rl @ config.toml [-s SESSION] [--dry-run] [--wait]
     vf-rl @ config.toml --resume          (continue from the last checkpoint)
+    vf-rl @ config.toml --preflight       (can the run learn? a report before the run: vf_rl.cli.preflight)
     vf-rl prepare-model [--out DIR]
     vf-rl plot RUN_DIR
 
@@ -19,7 +20,6 @@ This module imports neither torch nor vLLM, so configuration errors are reported
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shlex
@@ -35,7 +35,7 @@ from vf_rl.cli.cpus import cpu_side_env
 from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args
 from vf_rl.config.tools import check_tool_calling
-from vf_rl.config.vllm_flags import check_inference_args
+from vf_rl.config.vllm_flags import check_inference_args, inference_flags
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
 
 EXIT_BAD_INPUT = 2
@@ -66,25 +66,6 @@ class PaneCommand:
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
         return f"( trap : INT; {line}" + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\" )"
-
-
-def inference_flags(args: dict) -> list[str]:
-    """``[inference.args]`` -> flags: ``key`` -> ``--kebab-case``; ``true`` -> bare flag;
-    ``false`` -> omitted; lists -> the flag once with every value; others -> ``--flag value``."""
-    flags = []
-    for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            flags.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            flags += [flag, *map(str, value)]
-        elif isinstance(value, dict):
-            flags += [flag, json.dumps(value)]
-        else:
-            flags += [flag, str(value)]
-    return flags
 
 
 def visible_gpus() -> list[str] | None:
@@ -415,6 +396,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--node-rank", type=int, default=None,
                             help="run only trainer node K here, in the foreground, without tmux or a server (for "
                                  "SLURM/ssh; `vf-rl @ cfg` alone runs node 0 next to its server in tmux)")
+        parser.add_argument("--preflight", action="store_true", help="report whether the run can learn (baseline reward, "
+                            "reward spread, truncation, lengths, failures) and exit; vf_rl.cli.preflight")
+        parser.add_argument("--preflight-prompts", type=int, default=None, help="--preflight: training prompts (default 16)")
+        parser.add_argument("--base-url", default=None, help="--preflight: a running server's OpenAI root instead of one started")
+        parser.add_argument("--json", type=Path, default=None, help="--preflight: also write the report to this JSON file")
         opts = parser.parse_args(rest)
         config = load_config(config_path)
         try:
@@ -434,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                 print("vf-rl: note: vLLM is not installed here; [inference.args] not checked against `vllm serve`",
                       file=sys.stderr)
             return dry_run(config, config_path, opts.session)
+        if opts.preflight:
+            from vf_rl.cli.preflight import preflight
+
+            return preflight(config, config_path, opts.preflight_prompts, opts.base_url, opts.json)
         if shutil.which("tmux") is None:
             raise ConfigError("tmux is not installed (Debian/Ubuntu: sudo apt-get install tmux; macOS: brew install tmux)")
         return launch(config, config_path, opts.session, opts.wait, opts.resume)

@@ -1,4 +1,5 @@
-"""``[inference.args]`` checked against the installed vLLM's own ``vllm serve`` argument parser.
+"""``[inference.args]`` as ``vllm serve`` flags (:func:`inference_flags`), checked against the
+installed vLLM's own ``vllm serve`` argument parser.
 
 The launcher must not import vLLM (seconds, and a GPU stack), so the parser's options are read
 once per vLLM version in a subprocess and cached as JSON in ``$VF_RL_CACHE`` (default
@@ -93,3 +94,22 @@ def check_inference_args(args: dict, options: dict[str, dict] | None = None) -> 
         if choices and value not in (None, False) and any(str(v) not in choices for v in values):
             raise ConfigError(f"inference.args.{key}: {value!r} is not one of {', '.join(choices)}")
     return True
+
+
+def inference_flags(args: dict) -> list[str]:
+    """``[inference.args]`` -> flags: ``key`` -> ``--kebab-case``; ``true`` -> bare flag;
+    ``false`` -> omitted; lists -> the flag once with every value; others -> ``--flag value``."""
+    flags = []
+    for key, value in args.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            flags += [flag, *map(str, value)]
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value)]
+        else:
+            flags += [flag, str(value)]
+    return flags

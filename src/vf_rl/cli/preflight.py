@@ -1,0 +1,137 @@
+"""``vf-rl @ config.toml --preflight``: the pre-flight report (:mod:`vf_rl.preflight`) of a run,
+before the run.
+
+    vf-rl @ config.toml --preflight [--preflight-prompts N] [--base-url URL] [--json PATH]
+
+Reads the same resolved config the run would use, starts vf-vllm the way ``vf-rl`` starts it
+(same flags, GPUs and CPU cores, from a ``resolved.toml`` in a temporary directory), or uses the
+running server at ``--base-url`` (its OpenAI root, ``http://host:port/v1``), runs the report on
+the run's first ``N`` training prompts (default 16 groups), prints it, writes it to ``--json``
+as one JSON object, and stops the server it started. Nothing is written to ``output_dir``.
+
+Exit status: 0 the report was made, whatever its verdict; 1 the check could not run (the server
+did not start or answer, the environment could not be loaded or run, every rollout failed), with
+the cause in one line; 2 bad input, with the same one-line errors as ``--dry-run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig
+
+EXIT_CHECK_FAILED = 1
+DEFAULT_PROMPTS = 16
+
+
+class PreflightError(RuntimeError):
+    """The pre-flight could not run (exit status 1)."""
+
+
+def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: float) -> subprocess.Popen:
+    """vf-vllm for ``config`` as ``vf-rl`` starts it (``launch.build_commands``), its output in
+    ``workdir/inference.log``; returns once ``/health`` answers.
+
+    Raises:
+        ConfigError: too few GPUs, or the server's port is taken.
+        PreflightError: the server exited or did not answer within ``timeout`` seconds.
+    """
+    import httpx
+
+    from vf_rl.cli.launch import build_commands, check_gpus, check_port_free, visible_gpus
+    from vf_rl.config.resolved_toml import to_toml
+
+    gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
+    host, port = config.server_address()
+    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
+    resolved = workdir / "resolved.toml"
+    resolved.write_text(to_toml(config))
+    inference, _ = build_commands(config, resolved, gpus)
+    log = workdir / "inference.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(inference.argv, env={**os.environ, **inference.env}, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+            raise PreflightError(f"the inference server exited with status {process.returncode}"
+                                 + (f": {tail[0][-300:]}" if tail else ""))
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return process
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    stop_server(process)
+    raise PreflightError(f"the inference server did not answer {url} within {timeout:.0f} s")
+
+
+def stop_server(process: subprocess.Popen) -> None:
+    """Stop the server's process group (SIGTERM, then SIGKILL after 30 s)."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_url: str | None,
+              json_path: Path | None) -> int:
+    """Run the pre-flight of ``config`` and print its report; the exit status (see the module)."""
+    if prompts is not None and prompts < 1:
+        raise ConfigError(f"--preflight-prompts must be at least 1, got {prompts}")
+    from vf_rl.config.rl_config import RLConfig, resolve_temperature
+    from vf_rl.env_api.registry import load_environments
+    from vf_rl.preflight import format_report, run
+
+    try:
+        args = RLConfig(**config.trainer.args)
+        env = load_environments(config.envs, args.seed)
+        resolve_temperature(args, env)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{config_path}: {exc}") from None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    model = config.inference.args.get("served_model_name") or config.model
+    with tempfile.TemporaryDirectory(prefix="vf-rl-preflight-") as tmp:
+        process = None
+        try:
+            if base_url is None:
+                print(f"vf-rl: pre-flight: starting the inference server for {config.model} ...", flush=True)
+                process = start_server(config, config_path, Path(tmp), args.vllm_server_timeout)
+                host, port = config.server_address()
+                base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/v1"
+            report = run(env, args, tokenizer, base_url.rstrip("/"), model, prompts or DEFAULT_PROMPTS)
+        except PreflightError as exc:
+            print(f"vf-rl: pre-flight: error: {exc}", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        except Exception as exc:  # the environment or the server failed: the cause in one line
+            print(f"vf-rl: pre-flight: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                  file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        finally:
+            if process is not None:
+                stop_server(process)
+    if report["failures"]["share"] == 1.0:  # nothing was measured: the check itself could not run
+        kind, message = next(iter(report["failures"]["first"].items()))
+        print(f"vf-rl: pre-flight: error: every rollout failed; the first ({kind}): {message}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    report = {"config": str(config_path), "model": config.model, "env": ", ".join(e.id for e in config.envs), **report}
+    print(format_report(report))
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        print(f"vf-rl: pre-flight report written to {json_path}")
+    return 0

@@ -1,0 +1,137 @@
+"""`vf-rl @ cfg --preflight`: the verdicts on the CPU demo model with a real server, the JSON
+report's fields, bad input, and the verdict rules on constructed reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import write_cpu_config
+
+from vf_rl.env_api.environment import Rollout, Turn
+from vf_rl.preflight import THRESHOLDS, measure, verdict
+
+CONSTANT_ENV = '''
+import vf_rl as vf
+from datasets import Dataset
+
+
+def load_environment(**kwargs):
+    colors = ["sky", "grass", "snow", "coal", "blood", "sun", "sea", "night"]
+    dataset = Dataset.from_list([{"question": f"One word only: what colour is the {c}?", "answer": ""} for c in colors])
+    return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.5]))
+'''
+
+REPORT_KEYS = {"config", "model", "env", "prompts", "rollouts_per_example", "seconds", "sampling_args", "reward",
+               "held_out", "groups", "truncation", "lengths", "failures", "verdict"}
+
+
+def preflight(config, server=None, *extra, cwd=None, prompts=4):
+    argv = [sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "--preflight", "--preflight-prompts", str(prompts),
+            *(["--base-url", f"{server.base_url}/v1"] if server is not None else []), *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=cwd)
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("env_args,max_tokens,expected", [
+    ({"few_shot": 0, "source": "offline"}, 64, "too_hard"),
+    ({"few_shot": 2, "source": "offline"}, 1, "lengths"),
+], ids=["no-few-shot-too-hard", "max-tokens-far-too-small"])
+def test_verdicts_on_reverse_text(server, model_dir, tmp_path, env_args, max_tokens, expected):
+    config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", server.port, env_args=env_args,
+                              rollouts_per_example=4, batch_size=16, micro_batch_size=16, max_tokens=max_tokens)
+    result = preflight(config, server, "--json", str(tmp_path / "report.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert set(report) == REPORT_KEYS
+    assert report["verdict"]["name"] == expected, report
+    assert f"verdict: {expected}:" in result.stdout
+    assert report["prompts"] == 4 and report["rollouts_per_example"] == 4 and report["groups"]["count"] == 4
+    assert report["lengths"]["max_tokens"] == max_tokens
+    assert report["held_out"] is not None  # reverse-text has an eval split
+    if expected == "too_hard":  # reward 0 in every group
+        assert report["reward"]["max"] == 0 and report["groups"]["no_spread_share"] == 1.0
+    else:
+        assert report["truncation"]["rollouts_share"] == 1.0
+        assert report["lengths"]["completion_tokens"]["max"] == 1
+    assert not (tmp_path / "run").exists()  # nothing written to output_dir
+
+
+@pytest.mark.server
+def test_few_shot_gives_spread_and_a_baseline_in_range(server, model_dir, tmp_path):
+    config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", server.port,
+                              rollouts_per_example=4, batch_size=16, micro_batch_size=16, max_tokens=64)
+    result = preflight(config, server, "--json", str(tmp_path / "report.json"), prompts=8)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"]["name"] == "ready", report["verdict"]
+    assert 0.05 <= report["reward"]["mean"] <= THRESHOLDS["ready_high"], report["reward"]
+    assert report["groups"]["no_spread_share"] < 1.0 and report["groups"]["mean_std"] > 0
+    assert set(report["reward"]["functions"]) >= {"lcs_reward_func"}
+
+
+@pytest.mark.server
+def test_constant_reward_has_no_spread_with_the_server_the_run_starts(model_dir, tmp_path):
+    """Without --base-url the pre-flight starts vf-vllm as the run would, and stops it."""
+    from conftest import free_port
+
+    (tmp_path / "constant_env.py").write_text(CONSTANT_ENV)
+    port = free_port()
+    config = write_cpu_config(tmp_path / "c.toml", model_dir, tmp_path / "run", port, env_id="constant-env",
+                              env_args={}, inference_args={"enforce_eager": True, "max_model_len": 512},
+                              rollouts_per_example=4, batch_size=16, micro_batch_size=16, max_tokens=64)
+    result = preflight(config, None, cwd=tmp_path)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert "verdict: no_spread: 100% of the groups" in result.stdout, result.stdout
+    import socket
+
+    with socket.socket() as s:  # the server it started is gone
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_bad_config_exits_2_with_the_dry_run_line(model_dir, tmp_path):
+    config = write_cpu_config(tmp_path / "bad.toml", model_dir, tmp_path / "run", 8000, rollouts_per_example=3,
+                              batch_size=16)
+    dry = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "--dry-run"],
+                         capture_output=True, text=True, timeout=300)
+    result = preflight(config)
+    assert dry.returncode == result.returncode == 2
+    assert result.stderr.strip() == dry.stderr.strip() and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_unreachable_server_exits_1_in_one_line(model_dir, tmp_path):
+    from conftest import free_port
+
+    config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", 8000, rollouts_per_example=4,
+                              batch_size=16, micro_batch_size=16, max_tokens=8)
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "--preflight",
+                             "--base-url", f"http://127.0.0.1:{free_port()}/v1"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("vf-rl: pre-flight: error:")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def rollout(reward: float, completion: int, truncated: bool = False, error: str | None = None) -> Rollout:
+    return Rollout(example_id=0, prompt=[], reward=reward, is_truncated=truncated, error=error,
+                   error_kind="model" if error else None,
+                   turns=[Turn(prompt_ids=[1] * 10, completion_ids=[2] * completion, completion_logprobs=[0.0] * completion)])
+
+
+@pytest.mark.parametrize("rewards,truncated,errors,expected", [
+    ([0.0] * 8, 0, 0, "too_hard"),
+    ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 0, 0, "ready"),
+    ([0.5] * 8, 0, 0, "no_spread"),
+    ([1.0, 0.9, 1.0, 0.8, 0.9, 1.0, 1.0, 0.7], 0, 0, "too_easy"),
+    ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 8, 0, "lengths"),
+    ([0.0] * 8, 8, 0, "lengths"),  # nothing scores because every answer is cut: lengths first
+    ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 0, 5, "failing"),
+])
+def test_verdict_rules(rewards, truncated, errors, expected):
+    rollouts = [rollout(r, 16 if i < truncated else 5, truncated=i < truncated, error="boom" if i < errors else None)
+                for i, r in enumerate(rewards)]
+    report = measure(rollouts, group_size=4, max_tokens=16, max_seq_len=256)
+    assert verdict(report, "2 x 4").name == expected
+    assert report["groups"]["count"] == 2
