@@ -18,10 +18,10 @@ import vf_rl as vf
 from datasets import Dataset
 
 
-def load_environment(**kwargs):
+def load_environment(value=0.5, **kwargs):
     colors = ["sky", "grass", "snow", "coal", "blood", "sun", "sea", "night"]
     dataset = Dataset.from_list([{"question": f"One word only: what colour is the {c}?", "answer": ""} for c in colors])
-    return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[lambda completion, **kw: 0.5]))
+    return vf.SingleTurnEnv(dataset=dataset, rubric=vf.Rubric(funcs=[lambda completion, **kw: value]))
 '''
 
 REPORT_KEYS = {"config", "model", "env", "prompts", "rollouts_per_example", "seconds", "sampling_args", "reward",
@@ -51,8 +51,8 @@ def test_verdicts_on_reverse_text(server, model_dir, tmp_path, env_args, max_tok
     assert report["prompts"] == 4 and report["rollouts_per_example"] == 4 and report["groups"]["count"] == 4
     assert report["lengths"]["max_tokens"] == max_tokens
     assert report["held_out"] is not None  # reverse-text has an eval split
-    if expected == "too_hard":  # reward 0 in every group
-        assert report["reward"]["max"] == 0 and report["groups"]["no_spread_share"] == 1.0
+    if expected == "too_hard":  # no reward, or rarely (vf-rl's parser reads an unclosed tag) in most groups none
+        assert report["reward"]["mean"] < 0.1 and report["groups"]["no_spread_share"] >= 0.5
     else:
         assert report["truncation"]["rollouts_share"] == 1.0
         assert report["lengths"]["completion_tokens"]["max"] == 1
@@ -122,11 +122,14 @@ def rollout(reward: float, completion: int, truncated: bool = False, error: str 
 
 @pytest.mark.parametrize("rewards,truncated,errors,expected", [
     ([0.0] * 8, 0, 0, "too_hard"),
+    ([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3], 0, 0, "too_hard"),  # one success in eight: most groups all 0
+    ([0.0, 0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5], 0, 0, "no_spread"),
     ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 0, 0, "ready"),
     ([0.5] * 8, 0, 0, "no_spread"),
     ([1.0, 0.9, 1.0, 0.8, 0.9, 1.0, 1.0, 0.7], 0, 0, "too_easy"),
     ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 8, 0, "lengths"),
     ([0.0] * 8, 8, 0, "lengths"),  # nothing scores because every answer is cut: lengths first
+    ([0.0] * 8, 5, 0, "too_hard"),  # no reward, and some answers end: too hard before lengths
     ([0.0, 0.5, 0.2, 0.3, 0.1, 0.0, 0.4, 0.2], 0, 5, "failing"),
 ])
 def test_verdict_rules(rewards, truncated, errors, expected):
@@ -135,3 +138,36 @@ def test_verdict_rules(rewards, truncated, errors, expected):
     report = measure(rollouts, group_size=4, max_tokens=16, max_seq_len=256)
     assert verdict(report, "2 x 4").name == expected
     assert report["groups"]["count"] == 2
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("mode", ["strict", "warn"])
+def test_first_batch_check_in_the_trainer(server, model_dir, tmp_path, restore_base_weights, mode):
+    """``[trainer.args] preflight``: the trainer prints the verdict on its first batch; "strict"
+    stops a run without reward before its first update (exit 1, one line), "warn" goes on."""
+    out = tmp_path / "run"
+    (tmp_path / "constant_env.py").write_text(CONSTANT_ENV)
+    config = write_cpu_config(tmp_path / "c.toml", model_dir, out, server.port, env_id="constant-env",
+                              env_args={"value": 0.0}, preflight=mode, max_steps=2, batch_size=8,
+                              rollouts_per_example=4, micro_batch_size=8, max_tokens=96, save_steps=50)
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], capture_output=True,
+                            text=True, timeout=900, cwd=tmp_path)
+    assert "[vf-rl] pre-flight of batch 1: too_hard: no reward in 2 x 4 attempts" in result.stdout, result.stdout[-3000:]
+    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
+             if "tokens/loss" in line] if (out / "metrics.jsonl").exists() else []
+    if mode == "strict":
+        assert result.returncode == 1, result.stderr[-3000:]
+        errors = [line for line in result.stderr.splitlines() if "vf-train: error:" in line]
+        assert len(errors) == 1 and 'vf-train: error: pre-flight (preflight = "strict"): too_hard' in errors[0], errors
+        assert "Traceback" not in result.stderr and steps == []
+    else:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert [s["step"] for s in steps] == [1, 2]
+
+
+def test_preflight_key_is_checked(model_dir, tmp_path):
+    config = write_cpu_config(tmp_path / "bad.toml", model_dir, tmp_path / "run", 8000, preflight="loud")
+    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "--dry-run"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "preflight: expected one of warn, strict, off, got 'loud'" in result.stderr, result.stderr

@@ -32,6 +32,7 @@ THRESHOLDS = {
     "ready_high": 0.70,
     "too_easy": 0.80,  # guides: "baseline already 80%+: consider harder examples"
     "no_spread_share": 0.50,  # half the groups or more without spread: most of each batch teaches nothing
+    "truncated_nearly_all": 0.90,  # nearly every answer cut: the reward cannot be judged, lengths come first
     "truncated_share": 0.50,  # half the rollouts or more cut at max_tokens (or max_seq_len): the reward grades cut answers
     "failed_share": 0.50,  # half the rollouts or more failed: fix the causes first
 }
@@ -113,11 +114,13 @@ def verdict(report: dict[str, Any], attempts: str) -> Verdict:
     the first that applies of:
 
     - ``failing``: ``failed_share`` of the rollouts or more failed;
-    - ``lengths``: ``truncated_share`` of the rollouts or more were cut at ``max_tokens`` or
-      ``max_seq_len`` (checked before the reward: a cut answer scores low whatever the task);
-    - ``too_hard``: no rollout scored above 0 (the guides' "0% after 10+ attempts");
-    - ``no_spread``: ``no_spread_share`` of the groups or more scored all their rollouts alike
-      (a low pass rate on a binary reward shows here: most groups are all 0);
+    - ``lengths``: ``truncated_nearly_all`` of the rollouts or more were cut at ``max_tokens`` or
+      ``max_seq_len`` (before the reward: a cut answer scores low whatever the task);
+    - ``too_hard``: no rollout scored above 0 (the guides' "0% after 10+ attempts"), or the mean
+      is below ``ready_low`` and ``no_spread_share`` of the groups or more scored all their
+      rollouts alike (a rare success: most groups all 0);
+    - ``lengths``: ``truncated_share`` of the rollouts or more were cut;
+    - ``no_spread``: ``no_spread_share`` of the groups or more scored all their rollouts alike;
     - ``too_easy``: mean reward at or above ``too_easy``;
     - ``ready``, noted when the mean is outside ``ready_low``-``ready_high``.
     """
@@ -128,13 +131,19 @@ def verdict(report: dict[str, Any], attempts: str) -> Verdict:
         kind, message = next(iter(failures["first"].items()))
         return Verdict("failing", f"{failures['share']:.0%} of the rollouts failed; the first ({kind}): {message}",
                        "fix the cause above (docs: troubleshooting) and run the pre-flight again")
-    if truncated >= t["truncated_share"]:
-        return Verdict("lengths", f"{truncated:.0%} of the rollouts were cut (max_tokens = "
-                       f"{report['lengths']['max_tokens']}, max_seq_len = {report['lengths']['max_seq_len']})",
-                       "raise trainer.args.max_tokens (and max_seq_len with it), or ask for shorter answers")
+    lengths = Verdict("lengths", f"{truncated:.0%} of the rollouts were cut (max_tokens = "
+                      f"{report['lengths']['max_tokens']}, max_seq_len = {report['lengths']['max_seq_len']})",
+                      "raise trainer.args.max_tokens (and max_seq_len with it), or ask for shorter answers")
+    if truncated >= t["truncated_nearly_all"]:
+        return lengths
+    harder = "add few-shot turns, use an easier split, or warm the model up with vf-sft"
     if reward["max"] <= 0:
-        return Verdict("too_hard", f"no reward in {attempts} attempts",
-                       "add few-shot turns, use an easier split, or warm the model up with vf-sft")
+        return Verdict("too_hard", f"no reward in {attempts} attempts", harder)
+    if reward["mean"] < t["ready_low"] and groups["no_spread_share"] >= t["no_spread_share"]:
+        return Verdict("too_hard", f"mean reward {reward['mean']:.3f} and {groups['no_spread_share']:.0%} of the "
+                       "groups scored all their rollouts alike", harder)
+    if truncated >= t["truncated_share"]:
+        return lengths
     if groups["no_spread_share"] >= t["no_spread_share"]:
         return Verdict("no_spread", f"{groups['no_spread_share']:.0%} of the groups scored all their rollouts "
                        "the same: zero advantage, nothing to learn from them",
@@ -171,6 +180,40 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+STRICT_REFUSES = ("failing", "too_hard", "no_spread")
+
+
+class PreflightRefused(ValueError):
+    """``preflight = "strict"``: the first batch's verdict is one of :data:`STRICT_REFUSES`."""
+
+
+def effective_max_tokens(env, args) -> int:
+    """The ``max_tokens`` rollouts are sampled with: the run's, else the environment's, else
+    ``max_seq_len`` (``merge_sampling_args``' precedence)."""
+    from vf_rl.env_api.environment import merge_sampling_args
+
+    merged = merge_sampling_args(getattr(env, "sampling_args", None) or {}, args.sampling_args())
+    return merged.get("max_tokens") or args.max_seq_len
+
+
+def check_first_batch(rollouts: list, env, args) -> Verdict:
+    """The launcher's pre-flight (``[trainer.args] preflight``): the verdict on a run's first
+    batch, printed (the trainer pane shows it), before the trainer trains on it; it costs no
+    generation of its own.
+
+    Raises:
+        PreflightRefused: ``args.preflight == "strict"`` and the verdict is one of
+            :data:`STRICT_REFUSES`.
+    """
+    group = args.rollouts_per_example
+    report = measure(rollouts, group, effective_max_tokens(env, args), args.max_seq_len)
+    found = verdict(report, f"{len(rollouts) // group} x {group}")
+    print(f"[vf-rl] pre-flight of batch 1: {found.name}: {found.reason}; next: {found.next_step}", flush=True)
+    if args.preflight == "strict" and found.name in STRICT_REFUSES:
+        raise PreflightRefused(f"pre-flight (preflight = \"strict\"): {found.name}: {found.reason}; {found.next_step}")
+    return found
+
+
 def has_eval_split(env) -> bool:
     """Whether ``env`` (vf-rl's or an adapted verifiers environment) has eval rows of its own
     (``get_eval_dataset`` falls back to the training rows otherwise)."""
@@ -192,7 +235,6 @@ def run(env, args, tokenizer, base_url: str, model: str, prompts: int, held_out:
     import asyncio
     import time
 
-    from vf_rl.env_api.environment import merge_sampling_args
     from vf_rl.inference.client import openai_client
     from vf_rl.trainer.batching import prompt_rows
 
@@ -217,8 +259,7 @@ def run(env, args, tokenizer, base_url: str, model: str, prompts: int, held_out:
     start = time.perf_counter()
     rollouts, held = asyncio.run(generate())
     seconds = time.perf_counter() - start
-    max_tokens = merge_sampling_args(getattr(env, "sampling_args", None) or {}, sampling).get("max_tokens")
-    report = measure(rollouts, group, max_tokens, args.max_seq_len)
+    report = measure(rollouts, group, effective_max_tokens(env, args), args.max_seq_len)
     report["held_out"] = ({"mean": statistics.fmean(r.reward for r in held), "prompts": len(eval_rows)}
                           if held else None)
     report |= {"prompts": len(rows), "rollouts_per_example": group, "seconds": seconds,

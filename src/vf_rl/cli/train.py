@@ -2,8 +2,10 @@
 
     vf-train @ config.toml [--resume]
 
-Exit status: 0 done; 2 bad input (one line naming the file and key); 3 the inference server
-exited or never came up (one line with its last error); 130 Ctrl-C.
+Exit status: 0 done; 1 nothing to train on (every rollout of a batch failed, or ``preflight =
+"strict"`` judged the first batch failing, too hard or without spread; one line); 2 bad input
+(one line naming the file and key); 3 the inference server exited or never came up (one line
+with its last error); 130 Ctrl-C.
 
 Loads the config (a ``resolved.toml`` that ``vf-rl`` wrote is used as it is; any other file is
 resolved first, ``config.schema.load_config``, and written to ``<output_dir>/resolved.toml``),
@@ -68,8 +70,13 @@ def _main(argv: list[str] | None) -> int:
 
     print(f"Loading model {config.model} (config: {config_path})...", flush=True)
     trainer = RLTrainer(model=config.model, env=env, args=args)
+    from vf_rl.preflight import PreflightRefused
+
     try:
         trainer.train()
+    except PreflightRefused as exc:  # preflight = "strict": the first batch says the run cannot learn
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_ALL_FAILED
     except ValueError as exc:  # e.g. resume with no checkpoint
         if "resume_from_checkpoint" not in str(exc):
             raise

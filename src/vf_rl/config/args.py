@@ -74,6 +74,7 @@ class RLArgs:
     mask_ratio_low: float = field(default=0.125, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is below this."})
     mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
     mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
+    preflight: str = field(default="warn", metadata={"help": "Check the first batch of a run (not of a resumed one) before training on it, as `vf-rl @ cfg --preflight` does (vf_rl.preflight): \"warn\" prints the verdict (baseline reward, groups without spread, truncation, failures) and goes on, \"strict\" stops the run when the verdict is failing, too_hard or no_spread, \"off\" skips it. It only reads the batch the run generates anyway."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude truncated rollouts (a turn cut off at max_tokens, or longer than max_seq_len) from the loss."})
     zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated rollouts (cut off at max_tokens, or longer than max_seq_len) reward 0."})
     # Sampling

@@ -23,6 +23,7 @@ from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
 from .choices import run_choices
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
+PREFLIGHT_CHOICES = ("warn", "strict", "off")
 LOSS_TYPES = ("cispo", "dapo")
 """Built-in losses (``trainer/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
 ADVANTAGE_TYPES = ("group_mean", "group_mean_std")
@@ -186,6 +187,8 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
+    if a["preflight"] not in PREFLIGHT_CHOICES:
+        raise ConfigError(f"{p}preflight: expected one of {', '.join(PREFLIGHT_CHOICES)}, got {a['preflight']!r}")
     kind = a["weight_sync"]
     if kind not in WEIGHT_SYNC_CHOICES:
         raise ConfigError(f"{p}weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {kind!r}")

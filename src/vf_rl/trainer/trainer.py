@@ -33,6 +33,7 @@ from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.inference.supervision import MAX_RESTARTS
 from vf_rl.metrics import env_metrics, rollout_metrics
+from vf_rl.preflight import check_first_batch
 
 from . import display
 from .advantage import AdvantageFn, get_advantage
@@ -217,6 +218,8 @@ class RLTrainer(CheckpointingTrainer):
                     self.sync_weights(step)  # first step after a resume: generate with the checkpoint's weights
             with self._timed("wait_s"):
                 batch = self._wait_for_batch(step)
+            if step == 0 and self.args.preflight != "off":  # a fresh run's first batch (not a resumed run's)
+                check_first_batch(batch.rollouts, self.env, self.args)
         pushing = None
         if self._synced_step != step:
             with self._timed("sync_s"):
