@@ -196,16 +196,18 @@ def effective_max_tokens(env, args) -> int:
     return merged.get("max_tokens") or args.max_seq_len
 
 
-def check_first_batch(rollouts: list, env, args) -> Verdict:
+def check_first_batch(rollouts: list, env, args) -> Verdict | None:
     """The launcher's pre-flight (``[trainer.args] preflight``): the verdict on a run's first
     batch, printed (the trainer pane shows it), before the trainer trains on it; it costs no
-    generation of its own.
+    generation of its own. ``None`` for an empty batch.
 
     Raises:
         PreflightRefused: ``args.preflight == "strict"`` and the verdict is one of
             :data:`STRICT_REFUSES`.
     """
     group = args.rollouts_per_example
+    if not rollouts:
+        return None
     report = measure(rollouts, group, effective_max_tokens(env, args), args.max_seq_len)
     found = verdict(report, f"{len(rollouts) // group} x {group}")
     print(f"[vf-rl] pre-flight of batch 1: {found.name}: {found.reason}; next: {found.next_step}", flush=True)
