@@ -105,6 +105,16 @@ def restore_base_weights(server, base_weights):
     InferenceClient(port=server.port).update_weights(str(base_weights))
 
 
+def run_vf_eval(server: Server, env_id: str, env_args: dict, out: Path, max_tokens: int = 16,
+                timeout: float = 300) -> subprocess.CompletedProcess:
+    """``vf-eval ENV_ID`` against the session's server: 2 examples x 2 rollouts, rollouts to ``out``."""
+    import json
+
+    return subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
+                           "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", str(max_tokens),
+                           "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=timeout)
+
+
 def assert_rollouts_well_formed(rollouts, max_turns: int | None = None, max_reward: float = 1.0) -> None:
     """Checks every rollout against a real server must pass: no error, reward in range, one
     assistant message per model turn, and token ids and log-probs of equal, non-zero length."""

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import free_port, write_cpu_config
+from conftest import free_port, run_vf_eval, write_cpu_config
 
 PUBLISHED = [
     pytest.param("alkahest.rl.envs.integration", {"n_train": 64, "n_eval": 16},
@@ -55,9 +55,7 @@ def test_published_environment_trains_through_vf_rl(model_dir, tmp_path, env_id,
 @pytest.mark.parametrize("env_id,env_args,metrics,bounds", PUBLISHED)
 def test_published_environment_evaluates_with_vf_eval(server, tmp_path, env_id, env_args, metrics, bounds):
     out = tmp_path / "eval.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
-                             "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", "32",
-                             "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=600)
+    result = run_vf_eval(server, env_id, env_args, out, max_tokens=32, timeout=600)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert all(m in result.stdout for m in metrics), result.stdout[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]

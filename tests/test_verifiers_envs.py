@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import assert_rollouts_well_formed, free_port, write_cpu_config
+from conftest import assert_rollouts_well_formed, free_port, run_vf_eval, write_cpu_config
 
 from vf_rl.env_api import load_environment
 from vf_rl.env_api.registry import find_environment
@@ -289,9 +289,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
 ], ids=["classic", "v1"])
 def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path, env_id, env_args, metrics):
     out = tmp_path / "eval.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
-                             "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", "16",
-                             "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=300)
+    result = run_vf_eval(server, env_id, env_args, out)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     assert all(m in result.stdout for m in metrics), result.stdout[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
