@@ -110,10 +110,10 @@ except ImportError:  # not installed: use the checkout's src/
 
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from learning import trl_options  # noqa: E402  (benchmarks/learning.py: trl[-compile][-liger] -> GRPOConfig keys)
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
 from vf_rl.trainer.batching import Sample  # noqa: E402
-from vf_rl.trainer.logprobs import selective_logprobs  # noqa: E402
 
 # Shapes of the real models (random weights; nothing is downloaded).
 MODEL_CONFIGS = {
@@ -126,6 +126,12 @@ MODEL_CONFIGS = {
     "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, rope_theta=1e5,
                          rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(arch="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False),
+    "llama-3.1-8b": dict(arch="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, intermediate_size=14336, vocab_size=128256, rope_theta=5e5,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False),
     # Qwen2-0.5B's layers and modules at a width where compute is small: the host side of its step (CPU)
     "qwen2-narrow": dict(arch="qwen2", hidden_size=64, num_hidden_layers=24, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=128, vocab_size=4096, rope_theta=1e6,
@@ -141,6 +147,10 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False}}
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def is_trl(side: str) -> bool:
+    return side == "trl" or side.startswith("trl-")
 
 
 def parse_args(argv=None):
@@ -173,7 +183,9 @@ def parse_args(argv=None):
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
     p.add_argument("--sides", default="vf-rl,trl",
-                   help=f"comma list, run in this order: {', '.join(['trl', *VF_VARIANTS])}")
+                   help=f"comma list, run in this order: {', '.join(VF_VARIANTS)}, and TRL sides "
+                   "trl[-compile][-liger] (GRPOConfig torch_compile / use_liger_kernel); ratios are against the "
+                   "fastest TRL side")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
@@ -190,7 +202,8 @@ def parse_args(argv=None):
     p.add_argument("--bf16", action="store_true",
                    help="bf16 weights and autocast on the CPU too, as on a GPU (for --count-ops; default on the "
                         "CPU: float32)")
-    p.add_argument("--no-grad-check", action="store_true", help="skip the gradient comparison (saves host memory)")
+    p.add_argument("--no-grad-check", action="store_true",
+                   help="skip the loss and gradient checks on micro batch 0 (saves time and host memory)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="also write the numbers here")
     args = p.parse_args(argv)
@@ -201,8 +214,16 @@ def parse_args(argv=None):
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps >= 1 and --warmup >= 0")
     args.sides = [s.strip() for s in args.sides.split(",") if s.strip()]
-    if not set(args.sides) <= {"trl", *VF_VARIANTS} or not args.sides or len(set(args.sides)) < len(args.sides):
-        p.error(f"--sides: a comma list of distinct {', '.join(['trl', *VF_VARIANTS])}")
+    if not args.sides or len(set(args.sides)) < len(args.sides):
+        p.error("--sides: a comma list of distinct sides")
+    for side in args.sides:
+        if side not in VF_VARIANTS:
+            try:
+                trl_options(side)
+            except ValueError as e:
+                p.error(f"{e}; vf-rl sides: {', '.join(VF_VARIANTS)}")
+            if "vllm_enable_sleep_mode" in trl_options(side):
+                p.error(f"--sides: {side}: no vLLM here (sleep applies to learning.py)")
     if args.mode == "realistic" and (args.batch % args.group or args.group < 2):
         p.error(f"--batch ({args.batch}) must be a multiple of --group ({args.group}) >= 2")
     if not 1 <= args.prompt_min <= args.prompt_max or args.max_tokens < 4 or not 0 <= args.cap_share <= 1:
@@ -262,6 +283,18 @@ def batch_shape(args) -> tuple[list[int], list[int], list[int]]:
 
 
 @torch.no_grad()
+def sequence_logprobs(model, ids: torch.Tensor, prompt_len: int, rows: int = 4096) -> torch.Tensor:
+    """Log-probs ``[C]`` (float32) of the completion tokens of one sequence ``ids`` ``[1, P + C]``:
+    the decoder's final hidden states through the LM head ``rows`` positions at a time, so a 32k-token
+    sequence never holds ``[32k, vocab]`` logits."""
+    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, prompt_len - 1:-1]
+    head, targets = model.get_output_embeddings(), ids[0, prompt_len:]
+    out = [torch.log_softmax(head(hidden[i:i + rows]).float(), dim=-1).gather(-1, targets[i:i + rows, None])[:, 0]
+           for i in range(0, hidden.shape[0], rows)]
+    return torch.cat(out)
+
+
+@torch.no_grad()
 def make_batch(model, args, device) -> dict:
     """Random ids (a group's rollouts share the prompt's ids), advantages ~ N(0, 1), sampling
     log-probs = the model's log-probs of the completion tokens + N(0, logprob_noise) (so
@@ -285,9 +318,8 @@ def make_batch(model, args, device) -> dict:
     model.eval()
     lps = []
     for seq, P in zip(ids, prompt_lens):
-        x = seq[None].to(device)
-        lp, _ = selective_logprobs(model(input_ids=x).logits[:, P - 1:-1], x[:, P:], 1.0)
-        lps.append((lp[0].float().cpu() + torch.randn(lp.shape[1], generator=g) * args.logprob_noise))
+        lp = sequence_logprobs(model, seq[None].to(device), P).cpu()
+        lps.append(lp + torch.randn(lp.shape[0], generator=g) * args.logprob_noise)
     return {"ids": ids, "prompt_lens": prompt_lens, "groups": groups, "advantages": advantages, "sampling_lps": lps}
 
 
@@ -414,23 +446,23 @@ class VfSide:
 
 
 class TrlSide:
-    name = "trl"
-
-    def __init__(self, model, tokenizer, args, device, out_dir: Path):
+    def __init__(self, model, tokenizer, args, device, out_dir: Path, variant: str = "trl"):
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        self.args, self.device, self.mode = args, device, "GRPOTrainer.compute_loss"
+        options = trl_options(variant)  # trl-compile: torch_compile=True; trl-liger: use_liger_kernel=True
+        self.args, self.device, self.name = args, device, variant
+        self.mode = "GRPOTrainer.compute_loss" + "".join(f", {k}=True" for k in options)
         n_micro = args.batch // args.micro_batch
         config = GRPOConfig(
-            output_dir=str(out_dir / "trl"), report_to="none", seed=args.seed, loss_type="cispo",
+            output_dir=str(out_dir / variant), report_to="none", seed=args.seed, loss_type="cispo",
             per_device_train_batch_size=args.micro_batch, gradient_accumulation_steps=n_micro,
             num_generations=group_size(args), max_completion_length=max_completion(args),
             learning_rate=args.lr, max_grad_norm=args.max_grad_norm, weight_decay=0.0, optim="adamw_torch",
             bf16=device.type == "cuda" or args.bf16, gradient_checkpointing=args.gradient_checkpointing,
             epsilon_high=8.0,  # = vf-rl's mask_ratio_high (TRL's default epsilon_high would be 0.2)
             beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
-            save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda")
+            save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda", **options)
         peft_config = None
         if args.lora:
             from peft import LoraConfig
@@ -444,6 +476,8 @@ class TrlSide:
 
         self.trainer = GRPOTrainer(model=model, reward_funcs=zero_reward, args=config, train_dataset=dataset,
                                    processing_class=tokenizer, peft_config=peft_config)
+        if args.gradient_checkpointing and args.lora:  # what Trainer.train does before its first step
+            self.trainer.model.enable_input_require_grads()
         # What Trainer's loop sets before each accumulation window; _compute_loss reads it.
         self.trainer.current_gradient_accumulation_steps = n_micro
         self.model, self.accelerator = self.trainer.model, self.trainer.accelerator
@@ -487,9 +521,7 @@ def formula_values(model, batch: dict, device, rows: range) -> dict:
     ratios = []
     n = completion_tokens(batch, rows)
     for i in rows:
-        P, ids = batch["prompt_lens"][i], batch["ids"][i][None].to(device)
-        lp, _ = selective_logprobs(model(input_ids=ids).logits[:, P - 1:-1], ids[:, P:], 1.0)
-        lp = lp[0].float()
+        lp = sequence_logprobs(model, batch["ids"][i][None].to(device), batch["prompt_lens"][i])
         ratio = torch.exp(lp - batch["sampling_lps"][i].to(device))
         adv = float(batch["advantages"][i])
         keep = (ratio >= 0.125) & (ratio <= 8.0)
@@ -510,8 +542,8 @@ class Opened:
         self.base_mem = allocated(device)
         model = copy.deepcopy(master).to(device)
         t0 = time.perf_counter()
-        if name == "trl":
-            side = TrlSide(model, tokenizer, args, device, out_dir)
+        if is_trl(name):
+            side = TrlSide(model, tokenizer, args, device, out_dir, variant=name)
         else:
             side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
         del model
@@ -529,23 +561,29 @@ class Opened:
         mb = args.micro_batch
         n_micro = args.batch // mb
         everything, first = range(args.batch), range(mb)
-        if name != "trl":
+        if not is_trl(name):
             self.full, check = vf_samples(batch, everything), vf_samples(batch, first)
         else:
             n_items = completion_tokens(batch, everything)
             self.full = [trl_inputs(batch, device, range(i * mb, (i + 1) * mb), n_items) for i in range(n_micro)]
             check = [trl_inputs(batch, device, first, completion_tokens(batch, first))]
 
-        # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step.
-        self.check_loss = side.run_batch(check)
-        sync(device)
-        self.grads, self.grad_check = {}, None
-        if keep_grads:
-            self.grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
-        if ref_grads:
-            self.grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
-        self.formulas = formula_values(side.model, batch, device, first)
-        optimizer.zero_grad(set_to_none=True)
+        # Check: micro batch 0 alone (normalised by its own tokens), before any optimizer step. Its
+        # time is left out of the time to first step (a run has no such check).
+        self.grads, self.grad_check, self.check_loss, self.formulas = {}, None, None, {}
+        t_check = time.perf_counter()
+        if not args.no_grad_check:
+            self.check_loss = side.run_batch(check)
+            sync(device)
+            if keep_grads:
+                self.grads = {n: g.detach().to("cpu", copy=True) for n, g in grads_by_name(side.model).items()}
+            if ref_grads:
+                self.grad_check = compare_grads(ref_grads, grads_by_name(side.model), device)
+            self.formulas = formula_values(side.model, batch, device, first)
+            optimizer.zero_grad(set_to_none=True)
+        self.check_s = time.perf_counter() - t_check
+        self.t0 = t0
+        self.first_step_s = None  # build + prepare + the first optimizer step (compilation included), seconds
         self.tokens = real_tokens(batch, everything)
         self.losses, self.times = [], []
         self.held = allocated(device) - self.base_mem  # bytes this side holds between steps (weights, AdamW state)
@@ -574,6 +612,8 @@ class Opened:
         self.losses.append(self.step())
         sync(self.device)
         elapsed = time.perf_counter() - start
+        if self.first_step_s is None:
+            self.first_step_s = time.perf_counter() - self.t0 - self.check_s
         if self.device.type == "cuda":
             peak = self.held + torch.cuda.max_memory_allocated(self.device) - before
             self.peak = peak if self.peak is None else max(self.peak, peak)
@@ -597,14 +637,16 @@ class Opened:
         peak = None if self.peak is None else self.peak + extra_resident
         mean_t = statistics.mean(self.times)
         return {
-            "side": self.name, "mode": self.side.mode, "build_s": self.build_s,
+            "side": self.name, "mode": self.side.mode, "build_s": self.build_s, "first_step_s": self.first_step_s,
             "trainable_params": sum(p.numel() for p in self.params),
             "step_s": self.times, "step_s_mean": mean_t,
             "step_s_std": statistics.stdev(self.times) if len(self.times) > 1 else 0.0,
             "tokens_per_step": self.tokens, "tokens_per_s": self.tokens / mean_t, "peak_mem_bytes": peak,
+            "peak_gib": None if peak is None else peak / 2**30,
             "mem_before_side_bytes": self.base_mem, "check_loss_mb0": self.check_loss,
             "first_step_loss": self.losses[0], "losses": self.losses,
             **{f"check_{k}": v for k, v in self.formulas.items()}, "grad_check": self.grad_check,
+            "steady_tokens_per_s": self.tokens / statistics.median(self.times),
             "gradient_checkpointing": bool(getattr(self.side.model, "is_gradient_checkpointing", False)),
             "ops_per_step": ops,
         }
@@ -639,19 +681,33 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
     for i, name in enumerate(args.sides):
         print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps"
               + (" (interleaved)" if args.interleave else "") + " ...", flush=True)
-        side = Opened(name, master, tokenizer, batch, args, device, out_dir,
-                      keep_grads=check and i == 0, ref_grads=ref_grads)
-        if i == 0:
-            ref_grads = side.grads or None  # every later side is compared with the first
-        side.grads = None
         if args.interleave:  # warmed up once all are built: a later side's global patch (liger's RoPE) then
-            opened.append(side)  # recompiles a compiled side during warmup, not in its first timed step
+            side = Opened(name, master, tokenizer, batch, args, device, out_dir,  # recompiles a compiled side
+                          keep_grads=check and i == 0, ref_grads=ref_grads)  # during warmup, not when timed
+            ref_grads = ref_grads or side.grads or None
+            side.grads = None
+            opened.append(side)
             continue
-        side.warm_up()
-        for _ in range(args.steps):
-            side.timed_step(timed=True)
-        results[name] = side.result(extra_resident=side.base_mem)  # sequential: leftovers count (warned)
-        side.close()
+        side = None
+        try:  # sequential: a side that runs out of memory is a result (the next side still runs)
+            side = Opened(name, master, tokenizer, batch, args, device, out_dir,
+                          keep_grads=check and i == 0, ref_grads=ref_grads)
+            ref_grads = ref_grads or side.grads or None  # every later side is compared with the first
+            side.grads = None
+            side.warm_up()
+            for _ in range(args.steps):
+                side.timed_step(timed=True)
+            results[name] = side.result(extra_resident=side.base_mem)  # leftovers count (warned)
+        except torch.OutOfMemoryError as e:
+            print(f"[{name}] out of memory: {str(e).splitlines()[0]}", flush=True)
+            results[name] = {"side": name, "oom": True, "mode": side.side.mode if side else name,
+                             "error": str(e).splitlines()[0],
+                             "total_bytes": torch.cuda.get_device_properties(device).total_memory}
+        if side is not None:
+            side.close()
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     del ref_grads
     if not args.interleave:
         return results, None
@@ -660,12 +716,13 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
     for r in range(args.steps):
         for side in (opened if r % 2 == 0 else opened[::-1]):
             side.timed_step(timed=True)
-    for side in opened:
+    for side in opened:  # (no out-of-memory handling here: run long shapes sequentially)
         results[side.name] = side.result()
     rounds = None
-    if "trl" in results:
-        trl = next(s for s in opened if s.name == "trl")
-        rounds = {s.name: [t_trl / t for t_trl, t in zip(trl.times, s.times)] for s in opened if s.name != "trl"}
+    trl_sides = [s for s in opened if is_trl(s.name)]
+    if trl_sides:  # against the fastest TRL side
+        trl = min(trl_sides, key=lambda s: statistics.median(s.times))
+        rounds = {s.name: [t_trl / t for t_trl, t in zip(trl.times, s.times)] for s in opened if not is_trl(s.name)}
     for side in opened:
         side.close()
     return results, rounds
@@ -755,9 +812,9 @@ def preload(sides) -> None:
     """Import TRL (and RLTrainer) before any model exists: fail fast when missing, keep import
     time out of the measurements, and keep the frames that TRL's lazy import machinery may
     retain (seen with vLLM installed) from pinning a model in memory."""
-    if "trl" in sides:
+    if any(is_trl(side) for side in sides):
         from trl import GRPOConfig, GRPOTrainer  # noqa: F401
-    if any(side != "trl" for side in sides):
+    if not all(is_trl(side) for side in sides):
         from vf_rl.trainer.trainer import RLTrainer  # noqa: F401
 
 
@@ -820,9 +877,11 @@ def main(argv=None):
     grad_check = results[args.sides[-1]]["grad_check"] if check else None
 
     for r in results.values():
-        r["mfu"] = 6 * n_flop * r["tokens_per_s"] / peak_flops if peak_flops else None
-    ratios = {name: r["tokens_per_s"] / results["trl"]["tokens_per_s"]
-              for name, r in results.items() if name != "trl" and "trl" in results}
+        r["mfu"] = 6 * n_flop * r["tokens_per_s"] / peak_flops if peak_flops and not r.get("oom") else None
+    ran = {name: r for name, r in results.items() if not r.get("oom")}
+    best_trl = max((n for n in ran if is_trl(n)), key=lambda n: ran[n]["tokens_per_s"], default=None)
+    ratios = {name: r["tokens_per_s"] / ran[best_trl]["tokens_per_s"]
+              for name, r in ran.items() if not is_trl(name) and best_trl}
     ratio = ratios.get("vf-rl")
 
     v = versions()
@@ -844,14 +903,20 @@ def main(argv=None):
         + (" fused" if device.type == "cuda" else "") + f", clip {args.max_grad_norm:g}; "
         f"{args.warmup} warmup + {args.steps} timed steps" + ("" if args.no_prepare else "; accelerator.prepare'd"),
         f"- setup (model init + sampling log-probs): {setup_s:.1f} s", "",
-        "| side | what runs | step time (s) | tokens/s | MFU | peak mem (GiB) | trainable params |",
-        "|---|---|---|---|---|---|---|",
+        "| side | what runs | first step (s) | step time (s) | tokens/s | MFU | peak mem (GiB) | trainable params |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results.values():
+        if r.get("oom"):
+            lines.append(f"| {r['side']} | {r['mode']} | - | out of memory | - | - | > {fmt_mem(r['total_bytes'])} | - |")
+            continue
         mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-        lines.append(f"| {r['side']} | {r['mode']} | {r['step_s_mean']:.3f} ± {r['step_s_std']:.3f} | "
-                     f"{r['tokens_per_s']:,.0f} | {mfu} | {fmt_mem(r['peak_mem_bytes'])} | {r['trainable_params']:,} |")
+        lines.append(f"| {r['side']} | {r['mode']} | {r['first_step_s']:.1f} | {r['step_s_mean']:.3f} ± "
+                     f"{r['step_s_std']:.3f} | {r['tokens_per_s']:,.0f} | {mfu} | {fmt_mem(r['peak_mem_bytes'])} | "
+                     f"{r['trainable_params']:,} |")
     lines.append("")
+    lines.append("First step = building the side, accelerator.prepare and its first optimizer step, compilation "
+                 "included (not the weights' copy to the GPU, not the checks below).")
     lines.append("MFU = 6 x params-in-matmuls x tokens/s / peak (attention score FLOPs not counted"
                  + ("; with LoRA the real FLOPs are ~2/3 of that" if args.lora else "") + "). "
                  "Peak memory is the most that side held during its warmup and timed steps (weights, grads, AdamW "
@@ -867,16 +932,16 @@ def main(argv=None):
                  "optimizer batch (steps_per_generation = grad_accum); eps_high = 8 here, no lower mask")
     lines.append("- so the values differ by construction (-r*A vs -sg(r)*A*logp); the gradients are the same while "
                  "every ratio is in [0.125, 8]")
-    for r in results.values():
-        key = "trl_formula" if r["side"] == "trl" else "vf_formula"
+    for r in ran.values() if not args.no_grad_check else ():
+        key = "trl_formula" if is_trl(r["side"]) else "vf_formula"
         lines.append(f"- {r['side']}: loss {r['check_loss_mb0']:.6g}; the same formula from a separate no-grad "
                      f"forward: {r['check_' + key]:.6g}; ratios in [{r['check_ratio_min']:.4f}, "
                      f"{r['check_ratio_max']:.4f}], mean {r['check_ratio_mean']:.4f}")
     lines.append("- first optimizer step's summed loss: " + ", ".join(
-        f"{name} {r['first_step_loss']:.6g}" for name, r in results.items()))
+        f"{name} {r['first_step_loss']:.6g}" for name, r in ran.items()))
     first = args.sides[0]
     for second in args.sides[1:]:
-        gc_ = results[second]["grad_check"]
+        gc_ = results[second].get("grad_check")
         if not gc_:
             continue
         lines.append(f"- gradients (micro batch 0, {gc_['tensors_compared']} tensors): cosine "
@@ -885,18 +950,18 @@ def main(argv=None):
                      f"|g_{second}| = {gc_['norm_second']:.4g}"
                      + (f" (in one side only: {gc_['only_first']} / {gc_['only_second']})"
                         if gc_["only_first"] or gc_["only_second"] else ""))
-    for r in results.values() if not args.interleave else ():  # interleaved peaks leave the others out
+    for r in ran.values() if not args.interleave else ():  # interleaved peaks leave the others out
         if r["mem_before_side_bytes"] > 64 * 2**20:
             lines.append(f"- warning: {fmt_mem(r['mem_before_side_bytes'])} GiB were still allocated before the "
                          f"{r['side']} side started (counted in its peak)")
     lines.append("")
     for name, values in (rounds or {}).items():
-        lines.append(f"- interleaved rounds, {name}/trl tokens/s per round (t_trl / t_{name}): "
+        lines.append(f"- interleaved rounds, {name}/{best_trl} tokens/s per round (t_trl / t_{name}): "
                      + ", ".join(f"{v:.2f}" for v in values) + f"; median {statistics.median(values):.2f}")
     for name, value in ratios.items():
-        mem = results[name]["peak_mem_bytes"], results["trl"]["peak_mem_bytes"]
-        lines.append(f"ratio {name}/trl tokens/s: {value:.2f}"
-                     + (f"; peak memory {name}/trl: {mem[0] / mem[1]:.2f}" if mem[1] else ""))
+        mem = results[name]["peak_mem_bytes"], results[best_trl]["peak_mem_bytes"]
+        lines.append(f"ratio {name}/{best_trl} (the fastest TRL side) tokens/s: {value:.2f}"
+                     + (f"; peak memory {name}/{best_trl}: {mem[0] / mem[1]:.2f}" if mem[1] else ""))
     print("\n".join(lines), flush=True)
 
     if args.json:
@@ -904,7 +969,7 @@ def main(argv=None):
         record = {"date": now, "device": device_name, "peak_flops": peak_flops, "versions": v, "command": command,
                   "args": {k: (str(x) if isinstance(x, Path) else x) for k, x in vars(args).items()},
                   "n_params": n_params, "n_flop_params": n_flop, "results": results, "grad_check": grad_check,
-                  "ratio_vf_over_trl_tokens_per_s": ratio, "ratios_over_trl": ratios,
+                  "ratio_vf_over_trl_tokens_per_s": ratio, "ratios_over_trl": ratios, "best_trl_side": best_trl,
                   "interleaved": args.interleave, "round_ratios_over_trl": rounds}
         args.json.write_text(json.dumps(record, indent=2))
         print(f"wrote {args.json}")

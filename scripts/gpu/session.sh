@@ -16,6 +16,7 @@
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   warmup: vf-sft on reverse-text, then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
+#   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
@@ -114,9 +115,23 @@ warmup)  # vf-sft (configs/vf-sft/reverse-text.toml, model /tmp/smol), then the 
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
+long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own trainer_step.py process (one after the
+  # other, an out-of-memory side is a result); MODELS (default llama-3.1-8b), LENGTHS (tokens per sequence: 512-token
+  # prompt + the rest completion), SIDES (default vf-rl,trl,trl-liger), STEPS; JSON and logs in /tmp/e2e, `poll` collects
+  mkdir -p /tmp/e2e; cmd=""
+  for m in ${MODELS:-llama-3.1-8b}; do for L in ${LENGTHS:-4096 8192 16384 32768}; do for side in ${SIDES:-vf-rl trl trl-liger}; do
+    b=8; [ $L -gt 8192 ] && b=4
+    name=long-$m-lora-$L-$side
+    cmd+="timeout ${LIMIT:-900} python3 benchmarks/trainer_step.py --mode fixed --model-config $m --lora --gradient-checkpointing \
+      --no-grad-check --batch $b --micro-batch 1 --prompt-len 512 --completion-len $((L - 512)) --steps ${STEPS:-2} --warmup 1 \
+      --sides $side ${EXTRA:-} --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
+  done; done; done
+  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
 poll)
-  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft" > /dev/null || break; sleep 1; done
-  pgrep -f "benchmarks/learning.py|vf_rl.cli.sft" > /dev/null && echo "still running"
+  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null || break; sleep 1; done
+  pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null && echo "still running"
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
   for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; \
