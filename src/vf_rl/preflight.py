@@ -49,15 +49,15 @@ class Verdict:
 
 
 def percentiles(values: list[int]) -> dict[str, float]:
-    """``{"p50", "p95", "max"}`` of ``values`` (nearest rank; zeros when empty)."""
+    """``{"p50", "p95", "max", "mean"}`` of ``values`` (nearest rank; zeros when empty)."""
     if not values:
-        return {"p50": 0, "p95": 0, "max": 0}
+        return {"p50": 0, "p95": 0, "max": 0, "mean": 0.0}
     ordered = sorted(values)
 
     def rank(q: float) -> int:
         return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
-    return {"p50": rank(0.50), "p95": rank(0.95), "max": ordered[-1]}
+    return {"p50": rank(0.50), "p95": rank(0.95), "max": ordered[-1], "mean": statistics.fmean(ordered)}
 
 
 def measure(rollouts: list, group_size: int, max_tokens: int, max_seq_len: int) -> dict[str, Any]:
@@ -73,8 +73,9 @@ def measure(rollouts: list, group_size: int, max_tokens: int, max_seq_len: int) 
         ``groups`` (``count``, ``no_spread_share``: the share of groups whose rewards are all
         equal, ``mean_std``: mean within-group standard deviation), ``truncation``
         (``rollouts_share``: rollouts marked truncated, ``turns_share``: model turns that used all
-        of ``max_tokens``), ``lengths`` (``prompt_tokens`` and ``completion_tokens`` per rollout:
-        ``p50``/``p95``/``max``; ``over_max_seq_len_share``), ``failures`` (``share``, ``kinds``:
+        of ``max_tokens``), ``lengths`` (``prompt_tokens``, ``completion_tokens`` and
+        ``sample_tokens`` (the last turn's prompt and completion: what the trainer forwards) per
+        rollout: ``p50``/``p95``/``max``/``mean``; ``over_max_seq_len_share``), ``failures`` (``share``, ``kinds``:
         share per kind, ``first``: the first message per kind).
     """
     from vf_rl.metrics import rollout_metrics
@@ -98,6 +99,8 @@ def measure(rollouts: list, group_size: int, max_tokens: int, max_seq_len: int) 
                        if turns else 0.0},
         "lengths": {"prompt_tokens": percentiles([len(r.turns[0].prompt_ids) for r in rollouts if r.turns]),
                     "completion_tokens": percentiles([sum(len(t.completion_ids) for t in r.turns) for r in rollouts]),
+                    "sample_tokens": percentiles([len(r.turns[-1].prompt_ids) + len(r.turns[-1].completion_ids)
+                                                  for r in rollouts if r.turns]),
                     "max_tokens": max_tokens, "max_seq_len": max_seq_len,
                     "over_max_seq_len_share": statistics.fmean(
                         float(bool(r.turns) and len(r.turns[-1].prompt_ids) + len(r.turns[-1].completion_ids) > max_seq_len)
@@ -175,6 +178,8 @@ def format_report(report: dict[str, Any]) -> str:
               "  completion tokens    p50 {p50} / p95 {p95} / max {max}".format(**ln["completion_tokens"]),
               f"  failed               {fl['share']:.0%}" + "".join(f"; {k} {v:.0%}" for k, v in fl["kinds"].items())]
     lines += [f"    first {kind} error: {message[:200]}" for kind, message in fl["first"].items()]
+    if report.get("memory"):
+        lines.append(f"  {report['memory']['line']}")
     v = report["verdict"]
     lines += [f"verdict: {v['name']}: {v['reason']}", f"next: {v['next_step']}"]
     return "\n".join(lines)

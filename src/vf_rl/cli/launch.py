@@ -33,7 +33,7 @@ from pathlib import Path
 
 from vf_rl.cli.cpus import cpu_side_env
 from vf_rl.config.resolved_toml import to_toml, write_resolved
-from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args
+from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, trainer_values
 from vf_rl.config.tools import check_tool_calling
 from vf_rl.config.vllm_flags import check_inference_args, inference_flags
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
@@ -210,11 +210,33 @@ def port_owner(port: int) -> str:
     return ""
 
 
+def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path, refuse: bool) -> str | None:
+    """The trainer's memory estimate against its GPU (``vf_rl.memory.launch_check``), or ``None``
+    for a CPU trainer.
+
+    Raises:
+        ConfigError: ``refuse`` and the estimate does not fit (``preflight = "strict"`` at launch)."""
+    from vf_rl.memory import launch_check
+
+    index = 0 if config.inference.shared else config.inference.gpus
+    checked = launch_check(config, gpus[index] if gpus and index < len(gpus) else None)
+    if checked is None:
+        return None
+    fits, line = checked
+    if refuse and not fits:
+        raise ConfigError(f"{config_path}: {line} (preflight = \"strict\")")
+    return line
+
+
 def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool, resume: bool = False) -> int:
     """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
     import libtmux
 
-    gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
+    visible = visible_gpus()
+    line = memory_line(config, visible, config_path, refuse=trainer_values(config)["preflight"] == "strict")
+    if line and "does not fit" in line:
+        print(f"vf-rl: warning: {line}", file=sys.stderr)
+    gpus = check_gpus(config, visible, dry_run=False, config_path=config_path)
     host, port = config.server_address()
     check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
     try:
@@ -365,6 +387,9 @@ def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
     for cmd in (inference, trainer):
         print(f"[{cmd.title}] {_env_text(cmd.env)} {shlex.join(cmd.argv)}")
     print(f"vf-vllm: {shlex.join(server_argv(config))}")
+    line = memory_line(config, visible_gpus(), config_path, refuse=False)
+    if line:
+        print(line)
     print(f"\n# {resolved_path} (written at launch):")
     print(to_toml(config), end="")
     return 0

@@ -86,6 +86,24 @@ def stop_server(process: subprocess.Popen) -> None:
         pass
 
 
+def memory_report(config: VfRlConfig, lengths: dict) -> dict | None:
+    """With trainer GPUs: the memory estimate for the measured sample and completion lengths
+    (``vf_rl.memory``), whether it fits an 80 GB GPU, and the ``max_seq_len`` bound."""
+    from vf_rl.memory import estimate_for_run, fit_report, load_shape
+
+    if not config.trainer.gpus:
+        return None
+    try:
+        shape = load_shape(config.model)
+    except ValueError as exc:
+        return {"line": f"trainer memory per GPU: not estimated ({exc})"}
+    measured = estimate_for_run(config, shape, lengths["sample_tokens"]["mean"] or None,
+                                lengths["completion_tokens"]["mean"] or None)
+    fits, line = fit_report(config, measured)
+    return {"line": line, "fits": fits, "estimate": measured.as_dict(),
+            "bound_max_seq_len": estimate_for_run(config, shape).as_dict()}
+
+
 def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_url: str | None,
               json_path: Path | None) -> int:
     """Run the pre-flight of ``config`` and print its report; the exit status (see the module)."""
@@ -128,7 +146,8 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
         kind, message = next(iter(report["failures"]["first"].items()))
         print(f"vf-rl: pre-flight: error: every rollout failed; the first ({kind}): {message}", file=sys.stderr)
         return EXIT_CHECK_FAILED
-    report = {"config": str(config_path), "model": config.model, "env": ", ".join(e.id for e in config.envs), **report}
+    report = {"config": str(config_path), "model": config.model, "env": ", ".join(e.id for e in config.envs), **report,
+              "memory": memory_report(config, report["lengths"])}
     print(format_report(report))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

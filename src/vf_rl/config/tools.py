@@ -44,7 +44,7 @@ def chat_template(model: str) -> str | None:
     local hub cache, else are downloaded unless ``HF_HUB_OFFLINE=1`` or the hub does not answer
     within 3 s. ``None`` when there is none or it cannot be read."""
     for name in ("chat_template.jinja", "tokenizer_config.json"):
-        path = _model_file(model, name)
+        path = model_file(model, name)
         try:
             text = path.read_text(encoding="utf-8") if path is not None else None
             template = text if name.endswith(".jinja") or text is None else json.loads(text).get("chat_template")
@@ -57,7 +57,9 @@ def chat_template(model: str) -> str | None:
     return None
 
 
-def _model_file(model: str, name: str) -> Path | None:
+def model_file(model: str, name: str) -> Path | None:
+    """``name`` of ``model``: in its directory, or from the hub cache, else downloaded (as
+    :func:`chat_template` says); ``None`` when it cannot be had."""
     local = Path(model).expanduser()
     if local.is_dir():
         return local / name if (local / name).is_file() else None

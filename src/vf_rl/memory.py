@@ -1,0 +1,260 @@
+"""The trainer's peak GPU memory per process, estimated from the model's config and the run's
+sizes before anything starts (``vf-rl @ cfg --dry-run``, the launch, ``--preflight``).
+
+The estimate adds five parts (bytes; activations in the model's bf16):
+
+* **weights**: ``2 P`` (``P`` parameters, bf16).
+* **gradients** and **optimizer state**: full fine-tuning keeps bf16 gradients and torch AdamW's
+  two moments in the parameters' dtype, ``2 P + 4 P``, plus one LM-head-sized gradient (``2 V h``)
+  that backward holds before it is added to the tied embedding's; LoRA keeps the adapter (``A``
+  trainable parameters) in float32 with float32 gradients and moments, ``16 A`` in all.
+* **activations**: what autograd keeps for backward, per token of a forward pass and per decoder
+  layer, counted from the tensors a Llama/Qwen2-style layer saves (hidden size ``h``, MLP size
+  ``I``, key/value width ``kv``): eager ``22 h + 4 kv + 8 I`` (two RMSNorms keep their float32
+  input and bf16 output, 6 h each; the q/k/v and o projections' inputs, q/k/v after RoPE and the
+  attention output, 8 h + 4 kv; the MLP's input, gate, up, SiLU and product, 2 h + 8 I), and
+  ``14 h + 4 kv + 6 I`` with fused layers (``torch_compile`` or liger-kernel: a norm keeps only
+  its bf16 input, the SiLU is recomputed). Gradient checkpointing keeps each layer's input
+  (``2 h``) and recomputes one layer at a time. The count follows Korthikanti et al., *Reducing
+  Activation Recomputation in Large Transformer Models* (2022), section 4, for these layers,
+  with memory-efficient attention (no ``[s, s]`` scores).
+* **logits**: the log-probs of the trained tokens come from the LM head in chunks
+  (``trainer/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
+  when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
+  ``LOGPROB_CHUNK_BYTES`` are live at once.
+
+The tokens of a pass are what the trainer forwards at once: ``micro_batch_tokens`` when set,
+else ``micro_batch_size`` x the batch's mean sample length (``packing.default_token_budget``);
+before any rollout the bound ``micro_batch_size x max_seq_len`` stands in for it. Checked against
+every peak the trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``,
+``tests/test_memory.py``): within 25% on each, most within 10%. Not modelled: mixture-of-experts
+layers (counted as dense), DeepSpeed ZeRO stages below 3, the CUDA context and the allocator's
+cached blocks (``CUDA_OVERHEAD_BYTES`` is added when comparing with a GPU's memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+GPU_80GB_BYTES = 85_520_809_984
+"""An 80 GB H100's ``torch.cuda.get_device_properties().total_memory`` (79.6 GiB)."""
+CUDA_OVERHEAD_BYTES = int(1.5 * GIB)
+"""Held outside the trainer's tensors on its GPU: the CUDA context, kernels and allocator slack."""
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a decoder-only model that its memory depends on."""
+
+    params: int
+    hidden: int
+    layers: int
+    intermediate: int
+    kv_width: int  # num_key_value_heads x head_dim
+    q_width: int  # num_attention_heads x head_dim
+    vocab: int
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelShape":
+        """From a transformers config (or its ``config.json`` as a dict). Parameters are counted
+        for a Llama/Qwen2/Mistral-style layer: q/k/v/o projections (Qwen2's q/k/v biases), a gated
+        MLP, two norms; the embedding, and an LM head unless tied.
+
+        Raises:
+            ValueError: the config lacks ``hidden_size``, ``num_hidden_layers`` or ``vocab_size``."""
+        get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+        text = get("text_config")  # multimodal configs nest the language model's
+        if text is not None and get("hidden_size") is None:
+            return cls.from_config(text)
+        try:
+            h, layers, vocab = int(get("hidden_size")), int(get("num_hidden_layers")), int(get("vocab_size"))
+        except (TypeError, ValueError):
+            raise ValueError("the model's config has no hidden_size / num_hidden_layers / vocab_size") from None
+        heads = int(get("num_attention_heads") or max(h // 128, 1))
+        head_dim = int(get("head_dim") or h // heads)
+        kv = int(get("num_key_value_heads") or heads) * head_dim
+        q = heads * head_dim
+        inter = int(get("intermediate_size") or 4 * h)
+        bias = (q + 2 * kv) if get("model_type") in ("qwen2", "qwen2_moe") or get("attention_bias") else 0
+        per_layer = h * (q + 2 * kv) + bias + q * h + 3 * h * inter + 2 * h
+        tied = bool(get("tie_word_embeddings", False))
+        params = layers * per_layer + h + vocab * h * (1 if tied else 2)
+        return cls(params=params, hidden=h, layers=layers, intermediate=inter, kv_width=kv, q_width=q, vocab=vocab)
+
+    def lora_params(self, rank: int, targets: Any = None) -> int:
+        """Trainable parameters of a rank-``rank`` LoRA adapter on ``targets`` (module names;
+        ``None`` or ``"all-linear"``: every projection of the layer): ``rank x (in + out)`` each."""
+        h, inter, q, kv = self.hidden, self.intermediate, self.q_width, self.kv_width
+        sizes = {"q_proj": h + q, "k_proj": h + kv, "v_proj": h + kv, "o_proj": q + h,
+                 "gate_proj": h + inter, "up_proj": h + inter, "down_proj": inter + h}
+        names = sizes if targets in (None, "all-linear") else [targets] if isinstance(targets, str) else targets
+        return self.layers * rank * sum(sizes.get(n, 2 * h) for n in names)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes per part (module docstring) and the sizes they came from."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    activations: int
+    logits: int
+    tokens_per_pass: int
+    trained_tokens_per_pass: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+
+    def describe(self) -> str:
+        """``"15.6 GiB (weights 2.3, gradients 2.3, optimizer 4.6, activations 5.4, logits 1.0; 4096 tokens per pass)"``."""
+        parts = ", ".join(f"{name} {getattr(self, name) / GIB:.1f}"
+                          for name in ("weights", "gradients", "optimizer", "activations", "logits"))
+        return f"{self.total / GIB:.1f} GiB ({parts}; {self.tokens_per_pass} tokens per pass)"
+
+    def as_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "total": self.total, "total_gib": self.total / GIB}
+
+
+def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int, trained_tokens_per_pass: int,
+                          lora_rank: int = 16, lora_targets: Any = None, fused_layers: bool = True,
+                          gradient_checkpointing: bool = False, zero3_processes: int = 1) -> MemoryEstimate:
+    """The peak bytes one trainer process holds during a step (module docstring's formula).
+
+    Args:
+        tokens_per_pass: tokens forwarded at once (a packed row's, or a padded micro batch's ``B x L``).
+        trained_tokens_per_pass: the trained (loss) tokens among them, whose log-probs the LM head computes.
+        fused_layers: ``torch_compile`` or liger-kernel is on.
+        zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
+    """
+    from vf_rl.trainer.logprobs import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
+
+    h, kv, inter, layers, vocab = shape.hidden, shape.kv_width, shape.intermediate, shape.layers, shape.vocab
+    shards = max(zero3_processes, 1)
+    if lora:
+        trainable = shape.lora_params(lora_rank, lora_targets)
+        weights, gradients, optimizer = 2 * shape.params // shards + 4 * trainable, 4 * trainable, 8 * trainable
+    else:
+        weights, gradients, optimizer = 2 * shape.params // shards, (2 * shape.params // shards + 2 * vocab * h), \
+            4 * shape.params // shards
+    per_layer = (14 * h + 4 * kv + 6 * inter) if fused_layers else (22 * h + 4 * kv + 8 * inter)
+    if gradient_checkpointing:
+        activations = tokens_per_pass * (layers * 2 * h + per_layer)
+    else:
+        activations = tokens_per_pass * layers * per_layer
+    kept = trained_tokens_per_pass * vocab * 2
+    logits = (kept if kept <= LOGPROB_KEEP_BYTES else 0) + 2 * min(trained_tokens_per_pass * vocab * 4,
+                                                                    LOGPROB_CHUNK_BYTES)
+    return MemoryEstimate(weights, gradients, optimizer, activations, logits, tokens_per_pass, trained_tokens_per_pass)
+
+
+def _fused(a: dict) -> bool:
+    if a.get("torch_compile"):
+        return True
+    import importlib.util
+
+    return bool(a.get("use_liger")) and importlib.util.find_spec("liger_kernel") is not None
+
+
+def load_shape(model: str) -> ModelShape:
+    """The :class:`ModelShape` of a local model directory or hub id, from its ``config.json``
+    (the hub cache, else a download unless offline: ``config.tools.model_file``).
+
+    Raises:
+        ValueError: no ``config.json`` could be had, or it lacks the sizes."""
+    import json
+
+    from vf_rl.config.tools import model_file
+
+    path = model_file(model, "config.json")
+    if path is None:
+        raise ValueError(f"no config.json for {model} here or in the hub cache, and the hub cannot be reached")
+    try:
+        return ModelShape.from_config(json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from None
+
+
+def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens: float | None = None,
+                     mean_trained_tokens: float | None = None) -> MemoryEstimate:
+    """The estimate for a resolved :class:`~vf_rl.config.schema.VfRlConfig`: a pass of
+    ``micro_batch_tokens``, else ``micro_batch_size`` x ``mean_sample_tokens`` (measured by a
+    pre-flight), else the bound ``micro_batch_size x max_seq_len``; trained tokens likewise
+    (``mean_trained_tokens``, else ``max_tokens`` per sample).
+
+    Raises:
+        ValueError: as :func:`load_shape`."""
+    from vf_rl.config.schema import trainer_values
+
+    a = trainer_values(config)
+    shape = shape or load_shape(config.model)
+    micro = int(a["micro_batch_size"])
+    per_sample = mean_sample_tokens or int(a["max_seq_len"])
+    tokens = int(a["micro_batch_tokens"] or round(micro * per_sample))
+    samples = max(tokens / per_sample, 1.0)
+    trained = min(tokens, round(samples * (mean_trained_tokens or int(a["max_tokens"]))))
+    ds = a.get("deepspeed")
+    zero3 = config.trainer.processes if ds and "3" in str(ds) else 1
+    return estimate_trainer_peak(shape, lora=bool(a["use_lora"]), tokens_per_pass=tokens, trained_tokens_per_pass=trained,
+                                 lora_rank=int(a["lora_rank"]), lora_targets=a.get("lora_target_modules"),
+                                 fused_layers=_fused(a), gradient_checkpointing=bool(a.get("gradient_checkpointing")),
+                                 zero3_processes=zero3)
+
+
+def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES) -> tuple[bool, str]:
+    """``(fits, one line)``: the estimate plus vLLM's share (``shared = true``: its
+    ``gpu_memory_utilization`` of the GPU) and ``CUDA_OVERHEAD_BYTES`` against ``gpu_bytes``, and
+    what to change when it does not fit."""
+    from vf_rl.config.schema import trainer_values
+
+    a = trainer_values(config)
+    vllm = 0
+    if config.inference.shared:
+        vllm = int(float(config.inference.args.get("gpu_memory_utilization", 0.9)) * gpu_bytes)
+    need = estimate.total + vllm + CUDA_OVERHEAD_BYTES
+    where = "an 80 GB GPU" if gpu_bytes == GPU_80GB_BYTES else f"this GPU ({gpu_bytes / GIB:.1f} GiB)"
+    line = (f"trainer memory per GPU (estimate): {estimate.describe()}"
+            + (f" + vLLM's share {vllm / GIB:.1f} GiB" if vllm else "") + f" = {need / GIB:.1f} GiB of {where}")
+    if need <= gpu_bytes:
+        return True, line
+    hints = []
+    if not a["use_lora"]:
+        hints.append("use_lora = true")
+    if not a.get("gradient_checkpointing"):
+        hints.append("gradient_checkpointing = true")
+    if estimate.activations + estimate.logits > 0.25 * estimate.total:
+        hints.append("a smaller micro_batch_size (or micro_batch_tokens)")
+    if vllm:
+        hints.append("a lower inference.args.gpu_memory_utilization, or shared = false on two GPUs")
+    return False, f"{line}: does not fit; try " + ", ".join(hints or ["a smaller model"])
+
+
+def gpu_total_bytes(index: str) -> int | None:
+    """Memory of GPU ``index`` (as ``nvidia-smi`` numbers it), or ``None`` without ``nvidia-smi``."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20)
+        return int(float(out.stdout.split()[0]) * 2**20) if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def launch_check(config, trainer_gpu: str | None = None) -> tuple[bool, str] | None:
+    """What ``vf-rl`` says before it starts a run whose trainer has GPUs: ``(fits, line)`` against
+    the trainer's GPU (``trainer_gpu``, else an 80 GB one); ``None`` for a CPU trainer. A model
+    whose config cannot be read is reported as not estimated (``fits`` True)."""
+    if not config.trainer.gpus:
+        return None
+    try:
+        estimate = estimate_for_run(config)
+    except ValueError as exc:
+        return True, f"trainer memory per GPU: not estimated ({exc})"
+    total = gpu_total_bytes(trainer_gpu) if trainer_gpu is not None else None
+    return fit_report(config, estimate, total or GPU_80GB_BYTES)

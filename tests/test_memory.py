@@ -1,0 +1,174 @@
+"""The trainer's memory estimate (vf_rl.memory) against every peak the GPU benchmarks measured,
+and the launcher's report of a config that cannot fit on an 80 GB GPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from vf_rl.memory import GIB, ModelShape, estimate_trainer_peak
+from vf_rl.trainer.batching import Sample
+from vf_rl.trainer.packing import plan_micro_batches
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+LLAMA_8B = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "intermediate_size": 14336, "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+            "max_position_embeddings": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
+
+
+def trainer_step_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trainer_step
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return trainer_step
+
+
+def measured_passes(args: dict, overrides: dict) -> list[tuple[int, int]]:
+    """``(tokens, trained tokens)`` of each pass vf-rl ran on the benchmark's batch: the same
+    lengths and groups (``trainer_step.batch_shape``), planned by the trainer's own packer."""
+    shape = trainer_step_module().batch_shape(Namespace(**args))
+    samples = [Sample(input_ids=[10 + (g if g >= 0 else 1000 + i)] * p + [5] * c, loss_mask=[0] * p + [1] * c,
+                      sampling_logprobs=[0.0] * (p + c), advantage=1.0, group=g, prompt_len=p)
+               for i, (p, c, g) in enumerate(zip(*shape))]
+    plans = plan_micro_batches(samples, 1, 0, args["micro_batch"], args.get("vf_micro_batch_tokens"),
+                               overrides.get("share_prompts", True), 0, overrides.get("padding_free", True))
+    return [(mb.input_ids.numel(), int(mb.loss_mask.sum())) for mb in plans]
+
+
+def measured_cases():
+    """Every vf-rl side with a GPU peak in benchmarks/results/trainer-step-*.json."""
+    configs = trainer_step_module().MODEL_CONFIGS
+    for path in sorted(RESULTS.glob("trainer-step-*.json")):
+        record = json.loads(path.read_text())
+        args = record["args"]
+        for side, result in record["results"].items():
+            if side.startswith("trl") or not result.get("peak_mem_bytes") or args["model_config"] not in configs:
+                continue
+            yield f"{path.stem}:{side}", record, side, result
+
+
+def test_the_estimate_is_within_25_percent_of_every_measured_peak():
+    configs = trainer_step_module().MODEL_CONFIGS
+    errors, checked = {}, 0
+    for name, record, side, result in measured_cases():
+        args, mode = record["args"], result["mode"]
+        spec = dict(configs[args["model_config"]])
+        shape = ModelShape.from_config({**spec, "model_type": spec.pop("arch")})
+        assert shape.params == record["n_params"], name  # the parameter count is exact
+        if args["lora"]:
+            assert shape.lora_params(args["lora_rank"]) == result["trainable_params"], name
+        overrides = {"padding_free": "padding_free=False" not in mode, "share_prompts": "share_prompts=False" not in mode}
+        passes = measured_passes(args, overrides)
+        # fused layers: compiled (the default on a GPU), or liger-kernel on an eager side
+        eager = "torch_compile off" in mode or "torch_compile=False" in mode
+        estimate = estimate_trainer_peak(
+            shape, lora=args["lora"], lora_rank=args["lora_rank"], tokens_per_pass=max(t for t, _ in passes),
+            trained_tokens_per_pass=max(m for _, m in passes), fused_layers=not eager or args.get("vf_liger", False),
+            gradient_checkpointing=args.get("gradient_checkpointing", False))
+        errors[name] = estimate.total / result["peak_mem_bytes"] - 1
+        checked += 1
+    assert checked >= 40
+    worst = max(errors, key=lambda k: abs(errors[k]))
+    print(f"{checked} peaks; worst {worst}: {errors[worst]:+.1%}")
+    assert abs(errors[worst]) <= 0.25, {k: f"{v:+.1%}" for k, v in errors.items() if abs(v) > 0.25}
+
+
+def test_parts_follow_the_formula():
+    shape = ModelShape.from_config(LLAMA_8B)
+    assert shape.params == 8_030_261_248  # Llama-3.1-8B
+    full = estimate_trainer_peak(shape, lora=False, tokens_per_pass=8 * 4096, trained_tokens_per_pass=8 * 2048)
+    lora = estimate_trainer_peak(shape, lora=True, tokens_per_pass=8 * 4096, trained_tokens_per_pass=8 * 2048)
+    assert full.weights == lora.weights - 16 * shape.lora_params(16) // 4 == 2 * shape.params
+    assert full.optimizer == 4 * shape.params and lora.optimizer == 8 * shape.lora_params(16)
+    assert full.activations == lora.activations == 8 * 4096 * 32 * (14 * 4096 + 4 * 1024 + 6 * 14336)
+    checkpointed = estimate_trainer_peak(shape, lora=True, tokens_per_pass=8 * 4096, trained_tokens_per_pass=8 * 2048,
+                                         gradient_checkpointing=True)
+    assert checkpointed.activations < lora.activations / 10
+    eager = estimate_trainer_peak(shape, lora=True, tokens_per_pass=4096, trained_tokens_per_pass=2048, fused_layers=False)
+    assert eager.activations == 4096 * 32 * (22 * 4096 + 4 * 1024 + 8 * 14336)
+    assert 60 * GIB < full.total and lora.total < full.total
+
+
+def write_8b(tmp_path: Path, model_dir: Path, **trainer_args) -> Path:
+    """A config for a Llama-3.1-8B-shaped model (its config.json, SmolLM2's tokenizer) on one GPU."""
+    model = tmp_path / "llama-8b"
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model_dir / name).exists():
+            shutil.copy(model_dir / name, model / name)
+    config = tmp_path / "big.toml"
+    config.write_text(tomli_w.dumps({
+        "model": str(model), "env": {"id": "reverse-text", "args": {"source": "offline"}},
+        "inference": {"gpus": 1}, "trainer": {"gpus": 1, "args": {"output_dir": str(tmp_path / "out"),
+                                                                    "max_seq_len": 4096, "max_tokens": 2048,
+                                                                    "micro_batch_size": 8, **trainer_args}}}))
+    return config
+
+
+def vf_rl(config: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), *args],
+                          capture_output=True, text=True, timeout=300, cwd=config.parent)
+
+
+def test_a_config_that_cannot_fit_on_80gb_is_reported_before_anything_starts(tmp_path, model_dir):
+    config = write_8b(tmp_path, model_dir, use_lora=False)
+    result = vf_rl(config, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("trainer memory per GPU (estimate)"))
+    assert "does not fit; try use_lora = true, gradient_checkpointing = true" in line, line
+    # strict: the launch refuses in one line, before the GPU check, tmux or any file
+    config = write_8b(tmp_path, model_dir, use_lora=False, preflight="strict")
+    result = vf_rl(config)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("vf-rl: error: ") and "does not fit" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_lora_with_checkpointing_fits_the_same_model(tmp_path, model_dir):
+    config = write_8b(tmp_path, model_dir, use_lora=True, gradient_checkpointing=True)
+    result = vf_rl(config, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    line = next(x for x in result.stdout.splitlines() if x.startswith("trainer memory per GPU (estimate)"))
+    assert "does not fit" not in line and "of an 80 GB GPU" in line, line
+    gib = float(line.split("= ")[-1].split(" GiB")[0])
+    assert 16 < gib < 40, line  # 15 GiB of bf16 weights, a small adapter, checkpointed activations
+
+
+@pytest.mark.parametrize("trainer_gpus", [0])
+def test_no_estimate_for_a_cpu_trainer(tmp_path, model_dir, trainer_gpus):
+    config = write_8b(tmp_path, model_dir, use_lora=False)
+    text = config.read_text().replace("[trainer]\ngpus = 1", f"[trainer]\ngpus = {trainer_gpus}")
+    config.write_text(text.replace("[inference]\ngpus = 1", "[inference]\ngpus = 0"))
+    result = vf_rl(config, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "trainer memory per GPU" not in result.stdout
+
+
+def test_preflight_memory_uses_the_measured_lengths(tmp_path, model_dir):
+    """`--preflight` with trainer GPUs: the estimate for the lengths the rollouts had (a pass of
+    micro_batch_size x the mean sample), below the max_seq_len bound, and whether it fits."""
+    from vf_rl.cli.preflight import memory_report
+    from vf_rl.config.schema import load_config
+
+    config = load_config(write_8b(tmp_path, model_dir, use_lora=True))
+    lengths = {"sample_tokens": {"mean": 1000.0}, "completion_tokens": {"mean": 300.0}}
+    report = memory_report(config, lengths)
+    assert report["fits"] and report["estimate"]["tokens_per_pass"] == 8 * 1000
+    assert report["estimate"]["trained_tokens_per_pass"] == 8 * 300
+    assert report["bound_max_seq_len"]["tokens_per_pass"] == 8 * 4096
+    assert report["estimate"]["total"] < report["bound_max_seq_len"]["total"]
+    assert report["line"].startswith("trainer memory per GPU (estimate): ")
+    cpu = load_config(write_8b(tmp_path, model_dir))
+    assert memory_report(cpu.model_copy(update={"trainer": cpu.trainer.model_copy(update={"gpus": 0})}), lengths) is None
