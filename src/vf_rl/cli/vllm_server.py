@@ -120,6 +120,35 @@ def quiet_vllm_warnings() -> None:
     os.environ["PYTHONWARNINGS"] = ",".join([*VLLM_WARNING_FILTERS, *([user] if user else [])])
 
 
+GRACEFUL_SHUTDOWN_S = 10
+"""Seconds the API server waits for open requests once it is told to stop (Ctrl-C, SIGTERM, a
+dead engine) before it cancels them."""
+
+
+def bound_graceful_shutdown(seconds: float = GRACEFUL_SHUTDOWN_S) -> None:
+    """Give the HTTP server's graceful shutdown a deadline. vLLM builds its ``uvicorn.Config``
+    without ``timeout_graceful_shutdown``, so on Ctrl-C uvicorn waits for every open request to
+    finish; when the engine core has died first, the requests it was serving never finish and the
+    server hangs on "Waiting for connections to close" with its pane and port held. The default
+    set here makes uvicorn cancel them after ``seconds``."""
+    import functools
+
+    import uvicorn
+
+    init = uvicorn.Config.__init__
+    if getattr(init, "vf_rl_bounded", False):
+        return
+
+    @functools.wraps(init)
+    def bounded(self, *args, **kwargs):
+        if kwargs.get("timeout_graceful_shutdown") is None:
+            kwargs["timeout_graceful_shutdown"] = seconds
+        init(self, *args, **kwargs)
+
+    bounded.vf_rl_bounded = True
+    uvicorn.Config.__init__ = bounded
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0].startswith("@"):
@@ -156,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     _vllm_version_fallback()
     quiet_vllm_warnings()
+    bound_graceful_shutdown()
     serve = serve_argv(argv, cpu)
     sys.argv = ["vllm", "serve", *serve]
     print("vf-vllm:", " ".join(sys.argv), flush=True)
