@@ -11,7 +11,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from vf_rl.cli.cpus import SERVER_CORES_ENV, TRAINER_CORES_ENV, split_cpu_cores
 from vf_rl.inference.communicator import free_port  # noqa: F401  (re-exported for the tests)
+
+# The servers the tests start get the first half of the cores and every vf-train they run the rest,
+# as `vf-rl` splits a CPU run (vf_rl.cli.cpus): both on every core, their OpenMP threads wait on each
+# other and a step of the CPU demo's size took 50 s instead of 9.
+CORES = split_cpu_cores()
+if CORES is not None:
+    os.environ.setdefault(TRAINER_CORES_ENV, CORES[1])
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +57,8 @@ def start_server(model_dir: Path, workdir: Path, *extra: str, env: dict | None =
     to its environment); yield a :class:`Server`, then stop it."""
     port = free_port()
     log = workdir / "server.log"
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1",
+           **({SERVER_CORES_ENV: CORES[0]} if CORES and SERVER_CORES_ENV not in os.environ else {}), **(env or {})}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", *extra]
     with log.open("w") as out:

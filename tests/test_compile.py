@@ -26,6 +26,7 @@ def _trainer(model_dir, tmp_path, name, tokenizer, env, **keys):
     return trainer
 
 
+@pytest.mark.slow
 def test_compiled_layers_train_like_the_eager_ones(model_dir, tmp_path):
     """``torch_compile = true``: every decoder layer is compiled in place (parameter names and
     the LoRA adapter unchanged); the loss, statistics and adapter gradients of a step equal the

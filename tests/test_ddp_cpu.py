@@ -21,6 +21,7 @@ RUN = dict(micro_batch_size=2, rollouts_per_example=2, batch_size=8, max_steps=2
            save_steps=2, eval_strategy="steps", eval_steps=2, num_eval_examples=2, eval_rollouts_per_example=2)
 
 
+@pytest.mark.slow
 def test_two_trainer_processes_share_each_batch(server, model_dir, tmp_path, restore_base_weights):
     out = tmp_path / "run"
     config = write_cpu_config(tmp_path / "ddp.toml", model_dir, out, server.port, run_name="ddp", **RUN)
@@ -42,6 +43,7 @@ def test_two_trainer_processes_share_each_batch(server, model_dir, tmp_path, res
     assert (out / "checkpoint-2" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_zero3_trainer_processes_gather_weights_for_the_sync(server, model_dir, tmp_path, restore_base_weights):
     """DeepSpeed ZeRO-3 (CPU accelerator, gloo) with full weights: each process holds a shard of
     every weight; the sync gathers them, so the server gets whole tensors that training changed."""

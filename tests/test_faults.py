@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, write_cpu_config
+from conftest import free_port, start_server, write_cpu_config
 
 from vf_rl.config.schema import load_config
 from vf_rl.inference.supervision import kill_tree, supervised_shell
@@ -103,6 +103,7 @@ def test_server_that_cannot_start_ends_the_run_in_seconds_with_its_error(model_d
     assert no_server_left(tmp_path / "run")
 
 
+@pytest.mark.slow
 @pytest.mark.server
 def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_dir, tmp_path, restore_base_weights):
     common = dict(batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_steps=4, max_tokens=8, save_steps=50)
@@ -143,7 +144,7 @@ def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_di
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("pane, expected", [("trainer", 130), ("inference", 3)])
+@pytest.mark.parametrize("pane, expected", [("trainer", 130), pytest.param("inference", 3, marks=pytest.mark.slow)])
 def test_ctrl_c_in_either_pane_ends_both(model_dir, tmp_path, pane, expected):
     """Ctrl-C in the Trainer pane stops the trainer and then the server; Ctrl-C in the Inference
     pane is final (no restart) and the trainer stops at its next batch. No vLLM process is left."""
@@ -168,3 +169,44 @@ def test_ctrl_c_in_either_pane_ends_both(model_dir, tmp_path, pane, expected):
     assert subprocess.run(["tmux", "has-session", "-t", session], capture_output=True).returncode != 0
     time.sleep(2)
     assert no_server_left(out)
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_ctrl_c_ends_the_server_when_its_engine_died_under_open_requests(model_dir, tmp_path):
+    """The engine core dies while requests are open, then Ctrl-C: the API server cancels the
+    requests it can no longer answer and exits (vf-vllm bounds uvicorn's graceful shutdown), rather
+    than waiting for them with the pane and the port held."""
+    import signal
+    import threading
+
+    import httpx
+    import psutil
+
+    servers = start_server(model_dir, tmp_path)
+    server = next(servers)
+    try:
+        def ask():
+            try:
+                httpx.post(f"{server.base_url}/v1/completions", timeout=600,
+                           json={"model": server.model, "prompt": "Count to one thousand:", "max_tokens": 900,
+                                 "ignore_eos": True})
+            except httpx.HTTPError:
+                pass
+
+        threads = [threading.Thread(target=ask, daemon=True) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(5)  # the requests are running
+        engines = [p for p in psutil.Process(server.process.pid).children(recursive=True)
+                   if "EngineCore" in " ".join(p.cmdline()) or "EngineCore" in p.name()]
+        assert engines, [p.cmdline() for p in psutil.Process(server.process.pid).children(recursive=True)]
+        for p in engines:
+            p.kill()
+        time.sleep(3)
+        os.killpg(server.process.pid, signal.SIGINT)
+        server.process.wait(timeout=240)
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            pytest.fail("vf-vllm still runs 240 s after Ctrl-C:\n" + server.log.read_text()[-2000:])

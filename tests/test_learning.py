@@ -34,6 +34,7 @@ def records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_reward_rises(server, model_dir, tmp_path, restore_base_weights):
     """10 steps of 4 prompts x 8 rollouts: the mean reward of the last 3 steps is at least
     MARGIN above the first 3 steps' (measured rise on seeds 0-4: see the module docstring)."""

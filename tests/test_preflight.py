@@ -25,7 +25,7 @@ def load_environment(value=0.5, **kwargs):
 '''
 
 REPORT_KEYS = {"config", "model", "env", "prompts", "rollouts_per_example", "seconds", "sampling_args", "reward",
-               "held_out", "groups", "truncation", "lengths", "failures", "verdict"}
+               "held_out", "groups", "truncation", "lengths", "failures", "verdict", "memory"}
 
 
 def preflight(config, server=None, *extra, cwd=None, prompts=4):

@@ -26,9 +26,12 @@ PUBLISHED = [
                  id="sharpearena-multi-turn"),
 ]
 
+# CI trains the single-turn package; the multi-turn one is in the slow tier (`scripts/test.sh -m slow`)
+TRAINED = [PUBLISHED[0], pytest.param(*PUBLISHED[1].values, id=PUBLISHED[1].id, marks=pytest.mark.slow)]
+
 
 @pytest.mark.server
-@pytest.mark.parametrize("env_id,env_args,metrics,bounds", PUBLISHED)
+@pytest.mark.parametrize("env_id,env_args,metrics,bounds", TRAINED)
 def test_published_environment_trains_through_vf_rl(model_dir, tmp_path, env_id, env_args, metrics, bounds):
     """Two steps of ``vf-rl @ config.toml`` (real tmux, its own server): the package's own reward
     functions are in the metrics, and the loss saw its tokens."""

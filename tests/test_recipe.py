@@ -198,6 +198,7 @@ def test_custom_loss_with_kl_equals_built_in_cispo(model_dir, tmp_path):
     assert float(results["custom", 0.0][2].norm()) > 0  # the KL term alone trains
 
 
+@pytest.mark.slow
 @pytest.mark.server
 def test_two_steps_ahead_with_kl_trains_and_ratios_stay_sane(server, model_dir, tmp_path, restore_base_weights):
     """max_off_policy_steps = 2 (given by its older name) and beta > 0 against the real server:

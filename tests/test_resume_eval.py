@@ -34,6 +34,7 @@ def jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run_and_eval_runs(server, model_dir, tmp_path, restore_base_weights):
     # A: uninterrupted, with evaluation every 2 steps (and at step 0) and wandb offline
     config_a = write_config(tmp_path, "a", server, model_dir, eval_strategy="steps", eval_steps=2, num_eval_examples=2,

@@ -57,6 +57,7 @@ def vf_train(config, env_extra=None, **popen):
                             stderr=subprocess.STDOUT, text=True, env=env, **popen)
 
 
+@pytest.mark.slow
 def test_two_servers_share_rollouts_and_both_get_every_sync(server, second_server, model_dir, tmp_path,
                                                             restore_base_weights):
     before = greedy_logprobs(server)
@@ -78,6 +79,7 @@ def test_two_servers_share_rollouts_and_both_get_every_sync(server, second_serve
     assert changed, "the servers still serve the base weights"
 
 
+@pytest.mark.slow
 def test_a_server_killed_mid_run_leaves_the_others_training(server, model_dir, tmp_path, restore_base_weights):
     workdir = tmp_path / "doomed"
     workdir.mkdir()
@@ -123,6 +125,7 @@ def test_vf_vllm_refuses_to_listen_beyond_loopback_without_a_secret(model_dir, t
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_two_trainer_nodes_train_against_one_server(server, model_dir, tmp_path, restore_base_weights):
     """Two ``torchrun --nnodes 2`` invocations (one process each, gloo over 127.0.0.1), as two
     machines would run them: global rank 0 alone generates, syncs and logs; both train."""

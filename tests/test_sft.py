@@ -35,6 +35,7 @@ def completion_logprob(model_dir, prompt, completion) -> float:
     return float(logprobs[torch.arange(len(head) - 1, len(full) - 1), ids[0, len(head):]].sum())
 
 
+@pytest.mark.slow
 def test_reverse_text_warm_up_learns_the_held_out_task(model_dir, tmp_path):
     """SFT on reverse-text's shipped training rows raises the log-prob of the correct, formatted
     reversal of held-out texts (the eval split) well above the base model's."""
