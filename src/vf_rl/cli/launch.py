@@ -210,9 +210,10 @@ def port_owner(port: int) -> str:
     return ""
 
 
-def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path, refuse: bool) -> str | None:
-    """The trainer's memory estimate against its GPU (``vf_rl.memory.launch_check``), or ``None``
-    for a CPU trainer.
+def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path,
+                refuse: bool) -> tuple[bool, str] | None:
+    """``(fits, line)``: the trainer's memory estimate against its GPU (``vf_rl.memory.launch_check``),
+    or ``None`` for a CPU trainer.
 
     Raises:
         ConfigError: ``refuse`` and the estimate does not fit (``preflight = "strict"`` at launch)."""
@@ -225,7 +226,7 @@ def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path, r
     fits, line = checked
     if refuse and not fits:
         raise ConfigError(f"{config_path}: {line} (preflight = \"strict\")")
-    return line
+    return checked
 
 
 def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool, resume: bool = False) -> int:
@@ -233,9 +234,9 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     import libtmux
 
     visible = visible_gpus()
-    line = memory_line(config, visible, config_path, refuse=trainer_values(config)["preflight"] == "strict")
-    if line and "does not fit" in line:
-        print(f"vf-rl: warning: {line}", file=sys.stderr)
+    memory = memory_line(config, visible, config_path, refuse=trainer_values(config)["preflight"] == "strict")
+    if memory is not None and not memory[0]:
+        print(f"vf-rl: warning: {memory[1]}", file=sys.stderr)
     gpus = check_gpus(config, visible, dry_run=False, config_path=config_path)
     host, port = config.server_address()
     check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
@@ -387,9 +388,9 @@ def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
     for cmd in (inference, trainer):
         print(f"[{cmd.title}] {_env_text(cmd.env)} {shlex.join(cmd.argv)}")
     print(f"vf-vllm: {shlex.join(server_argv(config))}")
-    line = memory_line(config, visible_gpus(), config_path, refuse=False)
-    if line:
-        print(line)
+    memory = memory_line(config, visible_gpus(), config_path, refuse=False)
+    if memory is not None:
+        print(memory[1])
     print(f"\n# {resolved_path} (written at launch):")
     print(to_toml(config), end="")
     return 0
