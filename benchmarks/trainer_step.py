@@ -175,6 +175,9 @@ def parse_args(argv=None):
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=float, default=16)
     p.add_argument("--gradient-checkpointing", action="store_true", help="both sides (non-reentrant)")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="with --gradient-checkpointing, both sides: the checkpointed layer inputs in pinned host memory "
+                        "(vf-rl's activation_offloading, TRL's gradient_checkpointing_kwargs offload)")
     p.add_argument("--vf-liger", action="store_true",
                    help="eager vf-rl sides: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger with torch_compile = false); "
                         "liger's RoPE patch is module-wide, so TRL gets it too; refused with a compiled vf-rl side")
@@ -226,6 +229,8 @@ def parse_args(argv=None):
                 p.error(f"--sides: {side}: no vLLM here (sleep applies to learning.py)")
     if args.mode == "realistic" and (args.batch % args.group or args.group < 2):
         p.error(f"--batch ({args.batch}) must be a multiple of --group ({args.group}) >= 2")
+    if args.offload_activations and not args.gradient_checkpointing:
+        p.error("--offload-activations needs --gradient-checkpointing")
     if not 1 <= args.prompt_min <= args.prompt_max or args.max_tokens < 4 or not 0 <= args.cap_share <= 1:
         p.error("need 1 <= --prompt-min <= --prompt-max, --max-tokens >= 4, 0 <= --cap-share <= 1")
     return args
@@ -233,11 +238,11 @@ def parse_args(argv=None):
 
 # --- model, tokenizer, batch --------------------------------------------------------------------
 
-def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int):
+def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int, max_len: int = 32768):
     spec = dict(MODEL_CONFIGS[name])
     arch = spec.pop("arch")
     config_cls = Qwen2Config if arch == "qwen2" else LlamaConfig
-    config = config_cls(**spec, max_position_embeddings=32768, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+    config = config_cls(**spec, max_position_embeddings=max(32768, max_len), pad_token_id=PAD_ID, eos_token_id=EOS_ID,
                         bos_token_id=EOS_ID, attention_dropout=0.0)
     transformers.set_seed(seed)
     with torch.device(device):  # initialise on the device: fast for 1B parameters on a GPU
@@ -405,6 +410,7 @@ class VfSide:
                       max_seq_len=seq, max_tokens=seq - 1, max_prompt_len=seq - 1,
                       learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
                       bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
+                      activation_offloading=a.offload_activations,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
                       use_liger=a.vf_liger, temperature=1.0, logging_steps=1, **self.overrides)
@@ -460,6 +466,8 @@ class TrlSide:
             num_generations=group_size(args), max_completion_length=max_completion(args),
             learning_rate=args.lr, max_grad_norm=args.max_grad_norm, weight_decay=0.0, optim="adamw_torch",
             bf16=device.type == "cuda" or args.bf16, gradient_checkpointing=args.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False,
+                                           **({"offload": True} if args.offload_activations and device.type == "cuda" else {})},
             epsilon_high=8.0,  # = vf-rl's mask_ratio_high (TRL's default epsilon_high would be 0.2)
             beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
             save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda", **options)
@@ -548,8 +556,10 @@ class Opened:
             side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
         del model
         self.build_s = time.perf_counter() - t0
-        if args.gradient_checkpointing:
-            side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if args.gradient_checkpointing:  # what Trainer.train does with the side's gradient_checkpointing_kwargs
+            kwargs = dict(side.trainer.args.gradient_checkpointing_kwargs or {"use_reentrant": False})
+            offload = {"offload": True} if kwargs.pop("offload", False) else {}
+            side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **offload)
             side.model.config.use_cache = False
         self.params = [p for p in side.model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(self.params, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
@@ -859,7 +869,8 @@ def main(argv=None):
 
     preload(args.sides)
     t0 = time.perf_counter()
-    model = build_model(args.model_config, device, dtype, args.seed)
+    longest = args.prompt_len + args.completion_len if args.mode == "fixed" else args.prompt_max + args.max_tokens
+    model = build_model(args.model_config, device, dtype, args.seed, max_len=longest)
     n_params = sum(p.numel() for p in model.parameters())
     n_flop = flop_params(model)
     batch = make_batch(model, args, device)
@@ -897,7 +908,8 @@ def main(argv=None):
         f"{n_params / 1e6:.1f} M parameters ({n_flop / 1e6:.1f} M in matmuls), {str(dtype).replace('torch.', '')}, "
         "sdpa; " + (f"LoRA r={args.lora_rank} alpha={args.lora_alpha:g} on {','.join(LORA_TARGETS)}"
                     if args.lora else "full fine-tune")
-        + (", gradient checkpointing" if args.gradient_checkpointing else ""),
+        + (", gradient checkpointing" if args.gradient_checkpointing else "")
+        + (" offloaded to host memory" if args.offload_activations else ""),
         f"- batch: {describe_batch(batch, args)}, micro batch {args.micro_batch} "
         f"({args.batch // args.micro_batch} per step); torch AdamW lr {args.lr:g}"
         + (" fused" if device.type == "cuda" else "") + f", clip {args.max_grad_norm:g}; "

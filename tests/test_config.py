@@ -442,6 +442,8 @@ AGREE_REJECT = {
                                     "per_device_train_batch_size: use"),
     "gradient_accumulation_steps": ({"gradient_accumulation_steps": 4}, "gradient_accumulation_steps: use"),
     "num_batches_ahead mapped then checked": ({"num_batches_ahead": 0}, "max_off_policy_steps: must be at least 1"),
+    "offloading without checkpointing": ({"activation_offloading": True},
+                                         "activation_offloading = true needs"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
@@ -456,6 +458,7 @@ AGREE_ACCEPT = {
     "a choice's keys at their defaults": {"loss_type": "dapo", "mask_ratio_low": 0.125},
     "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,
                     "oversampling_factor": 1.5, "beta": 0.04, "max_off_policy_steps": 2},
+    "offloaded checkpoints": {"gradient_checkpointing": True, "activation_offloading": True},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 

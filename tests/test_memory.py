@@ -75,7 +75,8 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
         estimate = estimate_trainer_peak(
             shape, lora=args["lora"], lora_rank=args["lora_rank"], tokens_per_pass=max(t for t, _ in passes),
             trained_tokens_per_pass=max(m for _, m in passes), fused_layers=not eager or args.get("vf_liger", False),
-            gradient_checkpointing=args.get("gradient_checkpointing", False))
+            gradient_checkpointing=args.get("gradient_checkpointing", False),
+            activation_offloading=args.get("offload_activations", False))
         errors[name] = estimate.total / result["peak_mem_bytes"] - 1
         checked += 1
     assert checked >= 40
@@ -94,7 +95,12 @@ def test_parts_follow_the_formula():
     assert full.activations == lora.activations == 8 * 4096 * 32 * (14 * 4096 + 4 * 1024 + 6 * 14336)
     checkpointed = estimate_trainer_peak(shape, lora=True, tokens_per_pass=8 * 4096, trained_tokens_per_pass=8 * 2048,
                                          gradient_checkpointing=True)
-    assert checkpointed.activations < lora.activations / 10
+    assert checkpointed.activations < lora.activations / 5
+    offloaded = estimate_trainer_peak(shape, lora=True, tokens_per_pass=8 * 4096, trained_tokens_per_pass=8 * 2048,
+                                      gradient_checkpointing=True, activation_offloading=True)
+    # the layers' inputs (layers x tokens x hidden x 2 bytes) go to host memory; the recomputed layer stays
+    assert checkpointed.activations - offloaded.activations == 32 * 8 * 4096 * 2 * 4096
+    assert offloaded.activations == 8 * 4096 * 2 * (14 * 4096 + 4 * 1024 + 6 * 14336)
     eager = estimate_trainer_peak(shape, lora=True, tokens_per_pass=4096, trained_tokens_per_pass=2048, fused_layers=False)
     assert eager.activations == 4096 * 32 * (22 * 4096 + 4 * 1024 + 8 * 14336)
     assert 60 * GIB < full.total and lora.total < full.total
@@ -144,6 +150,53 @@ def test_lora_with_checkpointing_fits_the_same_model(tmp_path, model_dir):
     assert "does not fit" not in line and "of an 80 GB GPU" in line, line
     gib = float(line.split("= ")[-1].split(" GiB")[0])
     assert 16 < gib < 40, line  # 15 GiB of bf16 weights, a small adapter, checkpointed activations
+
+
+def estimate_line(config: Path) -> str:
+    result = vf_rl(config, "--dry-run")
+    assert result.returncode == 0, result.stderr
+    return next(x for x in result.stdout.splitlines() if x.startswith("trainer memory per GPU (estimate)"))
+
+
+def test_a_long_sequence_that_fits_only_with_offloaded_activations(tmp_path, model_dir):
+    """8B LoRA at 128k tokens per sequence: checkpointing alone needs the layers' inputs on the GPU
+    (32 x 131072 x 4096 x 2 bytes = 32 GiB beyond the H100 run's 52 GiB peak); offloaded, it fits."""
+    long = dict(use_lora=True, gradient_checkpointing=True, max_seq_len=131072, max_tokens=130560,
+                max_prompt_len=512, micro_batch_size=1, batch_size=2, rollouts_per_example=2)
+    line = estimate_line(write_8b(tmp_path, model_dir, **long))
+    assert "does not fit; try activation_offloading = true" in line, line
+    line = estimate_line(write_8b(tmp_path, model_dir, activation_offloading=True, **long))
+    assert "does not fit" not in line, line
+    assert 45 < float(line.split("= ")[-1].split(" GiB")[0]) < 60, line  # measured: 52.3 GiB + the CUDA context
+
+
+def test_offloading_reaches_transformers_checkpointing_on_a_gpu_only(monkeypatch, capsys):
+    """``activation_offloading`` becomes transformers' ``offload`` on a GPU (GPU-only: CUDA is faked
+    here); on the CPU nothing changes; a transformers that cannot offload is a config error."""
+    import inspect
+
+    import torch
+    from transformers import PreTrainedModel
+
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.config.rules import ConfigError
+    from vf_rl.trainer.model import offload_checkpoints
+
+    args = RLConfig(output_dir="/tmp/vf-rl-offload-test", report_to="none", use_cpu=True,
+                    gradient_checkpointing=True, activation_offloading=True)
+    assert offload_checkpoints({"use_reentrant": False}, args) == {"use_reentrant": False}
+    assert "nothing to offload" in capsys.readouterr().out
+    args.use_cpu = False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert offload_checkpoints({"use_reentrant": False}, args) == {"use_reentrant": False, "offload": True}
+    assert "offload" in inspect.signature(PreTrainedModel.gradient_checkpointing_enable).parameters
+
+    def without_offload(self, gradient_checkpointing_kwargs=None):
+        pass
+
+    monkeypatch.setattr(PreTrainedModel, "gradient_checkpointing_enable", without_offload)
+    with pytest.raises(ConfigError, match="^activation_offloading = true needs a transformers"):
+        offload_checkpoints({}, args)
 
 
 @pytest.mark.parametrize("trainer_gpus", [0])

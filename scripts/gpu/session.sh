@@ -117,11 +117,12 @@ warmup)  # vf-sft (configs/vf-sft/reverse-text.toml, model /tmp/smol), then the 
   ;;
 long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own trainer_step.py process (one after the
   # other, an out-of-memory side is a result); MODELS (default llama-3.1-8b), LENGTHS (tokens per sequence: 512-token
-  # prompt + the rest completion), SIDES (default vf-rl,trl,trl-liger), STEPS; JSON and logs in /tmp/e2e, `poll` collects
+  # prompt + the rest completion), SIDES (default vf-rl,trl,trl-liger), STEPS, B (batch), TAG (name suffix), EXTRA
+  # (e.g. --offload-activations); JSON and logs in /tmp/e2e, `poll` collects
   mkdir -p /tmp/e2e; cmd=""
   for m in ${MODELS:-llama-3.1-8b}; do for L in ${LENGTHS:-4096 8192 16384 32768}; do for side in ${SIDES:-vf-rl trl trl-liger}; do
-    b=8; [ $L -gt 8192 ] && b=4
-    name=long-$m-lora-$L-$side
+    b=8; [ $L -gt 8192 ] && b=4; b=${B:-$b}
+    name=long-$m-lora-$L-$side${TAG:-}
     cmd+="timeout ${LIMIT:-900} python3 benchmarks/trainer_step.py --mode fixed --model-config $m --lora --gradient-checkpointing \
       --no-grad-check --batch $b --micro-batch 1 --prompt-len 512 --completion-len $((L - 512)) --steps ${STEPS:-2} --warmup 1 \
       --sides $side ${EXTRA:-} --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "

@@ -101,6 +101,7 @@ class RLArgs:
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training rows once (seeded by `seed`)."})
     use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only, with torch_compile = false; a warning when it is not installed)."})
     torch_compile: bool | None = field(default=None, metadata={"help": "Compile each decoder layer in place with torch.compile (torch_compile_backend, default inductor; torch_compile_mode); the first steps take longer while it compiles, and liger-kernel is not applied. None: on with a GPU (without DeepSpeed), where small models' steps are bound by the host's Python, off on the CPU."})
+    activation_offloading: bool = field(default=False, metadata={"help": "With gradient_checkpointing on a GPU: keep each decoder layer's checkpointed input in pinned host memory from the forward to the backward (transformers' gradient checkpointing offload), freeing layers x tokens x hidden x 2 bytes of GPU memory per pass for a copy each way; for long sequences. On the CPU it changes nothing."})
     attn_implementation: str | None = field(default=None, metadata={"help": "Attention kernel; default flash_attention_2 when installed (GPU, bf16), else sdpa."})
 
     # TrainingArguments fields whose defaults differ for RL

@@ -184,6 +184,9 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     check_scheduler(a["lr_scheduler_type"], p)
     if a["bf16"] and not has_gpu:
         raise ConfigError(f"{p}bf16 = true needs a GPU, but the trainer runs on the CPU (float32)")
+    if a["activation_offloading"] and not a.get("gradient_checkpointing"):
+        raise ConfigError(f"{p}activation_offloading = true needs {p}gradient_checkpointing = true (it moves the "
+                          "checkpointed layer inputs to host memory)")
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")

@@ -83,6 +83,33 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
     return disable_input_dtype_casting(model)
 
 
+def offload_checkpoints(checkpoint_kwargs: dict, args: RLConfig) -> dict:
+    """``gradient_checkpointing_kwargs`` for ``activation_offloading``: transformers' ``offload``
+    on, so each checkpointed decoder layer's input (``[tokens, hidden]`` bf16, the
+    ``layers x tokens x hidden x 2`` bytes that dominate a long sequence's memory) is held in
+    pinned host memory from the forward to the backward (torch's ``save_on_cpu`` around the
+    checkpoint; a device-to-host copy per layer in the forward, host-to-device in the backward).
+    On the CPU the activations already live in host memory: the kwargs come back unchanged.
+
+    Raises:
+        ConfigError: this transformers' ``gradient_checkpointing_enable`` cannot offload.
+    """
+    import inspect
+
+    import transformers
+
+    from vf_rl.config.rules import ConfigError
+
+    if args.use_cpu or not torch.cuda.is_available():
+        print("activation_offloading: the trainer runs on the CPU, where activations already live in host "
+              "memory; nothing to offload", flush=True)
+        return checkpoint_kwargs
+    if "offload" not in inspect.signature(PreTrainedModel.gradient_checkpointing_enable).parameters:
+        raise ConfigError(f"activation_offloading = true needs a transformers whose gradient checkpointing can "
+                          f"offload (gradient_checkpointing_enable(offload=...)); this is {transformers.__version__}")
+    return {**checkpoint_kwargs, "offload": True}
+
+
 def base_model(model: torch.nn.Module) -> torch.nn.Module:
     """The transformers model inside DDP/accelerate wrappers (``.module``) and a peft model."""
     inner = model

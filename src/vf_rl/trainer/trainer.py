@@ -44,7 +44,16 @@ from .checkpoints import CheckpointingTrainer
 from .filtering import DifficultyFilter
 from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
-from .model import apply_liger, apply_lora, attention_implementation, base_model, compile_layers, load_model, lora_input_casts_off  # noqa: F401
+from .model import (  # noqa: F401
+    apply_liger,
+    apply_lora,
+    attention_implementation,
+    base_model,
+    compile_layers,
+    load_model,
+    lora_input_casts_off,
+    offload_checkpoints,
+)
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import start_orchestrator
 from .packing import plan_micro_batches
@@ -80,6 +89,8 @@ class RLTrainer(CheckpointingTrainer):
             model.config.use_cache = False
             if args.gradient_checkpointing_kwargs is None:  # non-reentrant: works with frozen inputs (LoRA)
                 args.gradient_checkpointing_kwargs = {"use_reentrant": False}
+            if args.activation_offloading:
+                args.gradient_checkpointing_kwargs = offload_checkpoints(args.gradient_checkpointing_kwargs, args)
         if args.padding_free:  # packed rows need per-sample attention (attention.py); other forwards: sdpa
             model.set_attn_implementation(register_attention())
         tokenizer = processing_class or AutoTokenizer.from_pretrained(model_id)
