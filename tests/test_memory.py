@@ -199,6 +199,24 @@ def test_offloading_reaches_transformers_checkpointing_on_a_gpu_only(monkeypatch
         offload_checkpoints({}, args)
 
 
+def test_the_trainer_applies_activation_offloading(model_dir, tmp_path, capsys):
+    """RLTrainer passes ``activation_offloading`` through ``offload_checkpoints`` (CPU here: the
+    note, and the checkpointing arguments unchanged; the GPU branch is the test above)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.env_api import load_environment
+
+    args = RLConfig(output_dir=str(tmp_path), use_cpu=True, batch_size=2, rollouts_per_example=2, micro_batch_size=2,
+                    max_steps=1, report_to=[], gradient_checkpointing=True, activation_offloading=True)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    RLTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), env=env, args=args,
+              processing_class=AutoTokenizer.from_pretrained(model_dir), served_model_name="t")
+    assert "activation_offloading: the trainer runs on the CPU" in capsys.readouterr().out
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False}
+
+
 @pytest.mark.parametrize("trainer_gpus", [0])
 def test_no_estimate_for_a_cpu_trainer(tmp_path, model_dir, trainer_gpus):
     config = write_8b(tmp_path, model_dir, use_lora=False)

@@ -15,12 +15,11 @@ The estimate adds five parts (bytes; activations in the model's bf16):
   attention output, 8 h + 4 kv; the MLP's input, gate, up, SiLU and product, 2 h + 8 I), and
   ``14 h + 4 kv + 6 I`` with fused layers (``torch_compile`` or liger-kernel: a norm keeps only
   its bf16 input, the SiLU is recomputed). Gradient checkpointing keeps each layer's input
-  (``2 h``) and recomputes one layer at a time, whose saved tensors and their gradients are live
-  at once in its backward (twice the per-layer count; it fits the 8B LoRA peaks at 4k-128k tokens
-  within 8%); with ``activation_offloading`` those inputs are
-  in host memory and only the recomputed layer stays on the GPU. The count follows Korthikanti et al., *Reducing
-  Activation Recomputation in Large Transformer Models* (2022), section 4, for these layers,
-  with memory-efficient attention (no ``[s, s]`` scores).
+  (``2 h``; in host memory with ``activation_offloading``) and recomputes one layer at a time,
+  whose saved tensors and their gradients are live at once in its backward (twice the per-layer
+  count; within 8% of the 8B LoRA peaks at 4k-128k tokens). The count follows Korthikanti et
+  al., *Reducing Activation Recomputation in Large Transformer Models* (2022), section 4, for
+  these layers, with memory-efficient attention (no ``[s, s]`` scores).
 * **logits**: the log-probs of the trained tokens come from the LM head in chunks
   (``trainer/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
   when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
