@@ -85,6 +85,74 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
     assert abs(errors[worst]) <= 0.25, {k: f"{v:+.1%}" for k, v in errors.items() if abs(v) > 0.25}
 
 
+def learning_runs():
+    """Every vf-rl side of benchmarks/results/learning-*.json: the config it ran and the whole-GPU
+    peak (nvidia-smi's memory used on every GPU of the host, less what was used before)."""
+    for path in sorted(RESULTS.glob("learning-*.json")):
+        record = json.loads(path.read_text())
+        side = record["sides"].get("vf-rl")
+        if side and side.get("peak_gib") and record["settings"].get("device") == "gpu":
+            yield path.stem, side["settings"]["config"], side["peak_gib"] * GIB
+
+
+def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, model_dir):
+    """The learning benchmarks' whole-GPU peaks (trainer and vLLM, one shared H100 or two) against
+    the estimate the pre-flight makes for the run's own config (the same model shape), with the
+    environment's prompts (mean tokens, as the orchestrator renders them) and every completion at
+    ``max_tokens``: the trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its
+    GPUs."""
+    from transformers import AutoTokenizer
+
+    from vf_rl.config.schema import load_config
+    from vf_rl.env_api.registry import load_environment
+    from vf_rl.memory import CUDA_OVERHEAD_BYTES, estimate_for_run, inference_bytes
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    errors = {}
+    for name, run, peak in learning_runs():
+        run = json.loads(json.dumps(run))
+        run["model"] = str(model_dir)  # SmolLM2-135M-Instruct, or an SFT warm-up of it (same shape)
+        run["trainer"]["args"]["output_dir"] = str(tmp_path / name)
+        path = tmp_path / f"{name}.toml"
+        path.write_text(tomli_w.dumps(run))
+        config = load_config(path)
+        env = load_environment(run["env"]["id"], **run["env"].get("args", {}))
+        prompts = [len(tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True,
+                                                     return_dict=True)["input_ids"])
+                   for row in env.dataset.select(range(min(len(env.dataset), 500)))]
+        prompt, completion = sum(prompts) / len(prompts), run["trainer"]["args"]["max_tokens"]
+        trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt)
+        assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
+        vllm = inference_bytes(config) * (1 if config.inference.shared else config.inference.gpus)
+        errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1
+    assert len(errors) >= 6
+    print({k: f"{v:+.1%}" for k, v in errors.items()})
+    assert all(abs(v) <= 0.25 for v in errors.values()), {k: f"{v:+.1%}" for k, v in errors.items()}
+
+
+@pytest.mark.parametrize("micro, share, padding_free", [(128, True, True), (128, False, True), (8, True, True),
+                                                        (8, False, False)])
+def test_the_pass_is_the_one_the_packer_makes(micro, share, padding_free):
+    """``pass_tokens`` for 16 groups of 8 rollouts (prompt 100, completion 128 tokens) against the
+    trainer's own packer on that batch: a micro batch that holds the whole batch forwards each
+    prompt once (with share_prompts), a small one its token budget."""
+    from vf_rl.memory import pass_tokens
+
+    a = {"micro_batch_size": micro, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
+         "batch_size": 128, "rollouts_per_example": 8, "share_prompts": share, "padding_free": padding_free}
+    samples = [Sample(input_ids=[10 + g] * 100 + [5] * 128, loss_mask=[0] * 100 + [1] * 128,
+                      sampling_logprobs=[0.0] * 228, advantage=1.0, group=g, prompt_len=100)
+               for g in range(16) for _ in range(8)]
+    plans = plan_micro_batches(samples, 1, 0, micro, None, share, 0, padding_free)
+    tokens, trained = pass_tokens(a, 1, 228.0, 128.0, 100.0)
+    largest = max(plans, key=lambda mb: mb.tokens)
+    assert largest.tokens <= tokens < largest.tokens + 228  # the budget, less than one sample over
+    assert abs(trained / int(largest.loss_mask.sum()) - 1) < 0.1
+    if micro == 128:  # the whole batch in one pass: exact
+        assert tokens == (16 * 100 if share else 128 * 100) + 128 * 128 and trained == 128 * 128
+
+
 def test_parts_follow_the_formula():
     shape = ModelShape.from_config(LLAMA_8B)
     assert shape.params == 8_030_261_248  # Llama-3.1-8B
@@ -234,7 +302,7 @@ def test_preflight_memory_uses_the_measured_lengths(tmp_path, model_dir):
     from vf_rl.config.schema import load_config
 
     config = load_config(write_8b(tmp_path, model_dir, use_lora=True))
-    lengths = {"sample_tokens": {"mean": 1000.0}, "completion_tokens": {"mean": 300.0}}
+    lengths = {"sample_tokens": {"mean": 1000.0}, "completion_tokens": {"mean": 300.0}, "prompt_tokens": {"mean": 0}}
     report = memory_report(config, lengths)
     assert report["fits"] and report["estimate"]["tokens_per_pass"] == 8 * 1000
     assert report["estimate"]["trained_tokens_per_pass"] == 8 * 300

@@ -25,11 +25,15 @@ The estimate adds five parts (bytes; activations in the model's bf16):
   when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
   ``LOGPROB_CHUNK_BYTES`` are live at once.
 
-The tokens of a pass are what the trainer forwards at once: ``micro_batch_tokens`` when set,
-else ``micro_batch_size`` x the batch's mean sample length (``packing.default_token_budget``);
-before any rollout the bound ``micro_batch_size x max_seq_len`` stands in for it. Checked against
-every peak the trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``,
-``tests/test_memory.py``): within 25% on each, most within 10%. Not modelled: mixture-of-experts
+The tokens of a pass are what the trainer forwards at once (:func:`pass_tokens`):
+``micro_batch_tokens`` when set, else ``micro_batch_size`` x the batch's mean sample length
+(``packing.default_token_budget``), and at most the process's share of the batch, each group's
+prompt once with ``share_prompts``; before any rollout the bound ``micro_batch_size x
+max_seq_len`` stands in for it. Checked (``tests/test_memory.py``) against every peak the
+trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``: within 25% on each,
+most within 10%) and against the learning benchmarks' whole-GPU peaks with vLLM
+(``learning-*.json``: within 18% on each, for the environment's prompts and completions at
+``max_tokens``). Not modelled: mixture-of-experts
 layers (counted as dense), DeepSpeed ZeRO stages below 3, the CUDA context and the allocator's
 cached blocks (``CUDA_OVERHEAD_BYTES`` is added when comparing with a GPU's memory).
 """
@@ -37,6 +41,7 @@ cached blocks (``CUDA_OVERHEAD_BYTES`` is added when comparing with a GPU's memo
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -185,12 +190,38 @@ def load_shape(model: str) -> ModelShape:
         raise ValueError(f"cannot read {path}: {exc}") from None
 
 
+def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = None,
+                mean_trained_tokens: float | None = None, mean_prompt_tokens: float | None = None) -> tuple[int, int]:
+    """``(tokens, trained tokens)`` of the trainer's largest forward pass for resolved trainer
+    args ``a`` (``packing.plan_micro_batches``): packed (``padding_free``), a pass takes up to its
+    token budget (``micro_batch_tokens``, else ``micro_batch_size`` x the mean sample) of the
+    process's share of the batch (``batch_size / processes`` rollouts), each group's prompt once
+    with ``share_prompts``; padded, ``micro_batch_size`` samples. Lengths are per-sample means
+    in tokens (a pre-flight's measurement: the whole sample, its completions, its first prompt);
+    without them each sample is the bound ``max_seq_len`` and trains ``max_tokens``."""
+    micro, max_seq_len = int(a["micro_batch_size"]), int(a["max_seq_len"])
+    sample = min(float(mean_sample_tokens or max_seq_len), max_seq_len)
+    trained = min(float(mean_trained_tokens or a["max_tokens"]), sample)
+    if not mean_sample_tokens:
+        tokens = int(a["micro_batch_tokens"] or micro * max_seq_len)
+        return tokens, min(tokens, round(tokens / sample * trained))
+    rollouts = max(-(-int(a["batch_size"]) // max(processes, 1)), 1)
+    prompt = min(float(mean_prompt_tokens or 0.0), sample - trained)
+    if not a.get("padding_free", True):
+        n = min(micro, rollouts)
+        return round(n * sample), round(n * trained)
+    groups = -(-rollouts // max(int(a["rollouts_per_example"]), 1)) if a.get("share_prompts", True) else rollouts
+    batch = rollouts * (sample - prompt) + groups * prompt  # the process's share, packed
+    tokens = min(int(a["micro_batch_tokens"] or micro * math.ceil(sample)), round(batch))
+    return tokens, min(tokens, round(tokens * rollouts * trained / batch))
+
+
 def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens: float | None = None,
-                     mean_trained_tokens: float | None = None) -> MemoryEstimate:
-    """The estimate for a resolved :class:`~vf_rl.config.schema.VfRlConfig`: a pass of
-    ``micro_batch_tokens``, else ``micro_batch_size`` x ``mean_sample_tokens`` (measured by a
-    pre-flight), else the bound ``micro_batch_size x max_seq_len``; trained tokens likewise
-    (``mean_trained_tokens``, else ``max_tokens`` per sample).
+                     mean_trained_tokens: float | None = None, mean_prompt_tokens: float | None = None
+                     ) -> MemoryEstimate:
+    """The estimate for a resolved :class:`~vf_rl.config.schema.VfRlConfig`, for the pass of
+    :func:`pass_tokens`: with a pre-flight's measured mean lengths (tokens per sample, of its
+    prompt and of its trained completions), else the bound ``micro_batch_size x max_seq_len``.
 
     Raises:
         ValueError: as :func:`load_shape`."""
@@ -198,29 +229,30 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
 
     a = trainer_values(config)
     shape = shape or load_shape(config.model)
-    micro = int(a["micro_batch_size"])
-    per_sample = mean_sample_tokens or int(a["max_seq_len"])
-    tokens = int(a["micro_batch_tokens"] or round(micro * per_sample))
-    samples = max(tokens / per_sample, 1.0)
-    trained = min(tokens, round(samples * (mean_trained_tokens or int(a["max_tokens"]))))
     ds = a.get("deepspeed")
-    zero3 = config.trainer.processes if ds and "3" in str(ds) else 1
+    processes = max(int(config.trainer.processes or 1), 1)
+    tokens, trained = pass_tokens(a, processes, mean_sample_tokens, mean_trained_tokens, mean_prompt_tokens)
+    zero3 = processes if ds and "3" in str(ds) else 1
     return estimate_trainer_peak(shape, lora=bool(a["use_lora"]), tokens_per_pass=tokens, trained_tokens_per_pass=trained,
                                  lora_rank=int(a["lora_rank"]), lora_targets=a.get("lora_target_modules"),
                                  fused_layers=_fused(a), gradient_checkpointing=bool(a.get("gradient_checkpointing")),
                                  activation_offloading=bool(a.get("activation_offloading")), zero3_processes=zero3)
 
 
+def inference_bytes(config, gpu_bytes: int = GPU_80GB_BYTES) -> int:
+    """What vLLM takes of each of its GPUs: ``inference.args.gpu_memory_utilization`` (the
+    resolved config's; vLLM's default 0.9) x ``gpu_bytes``."""
+    return int(float(config.inference.args.get("gpu_memory_utilization", 0.9)) * gpu_bytes)
+
+
 def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES) -> tuple[bool, str]:
-    """``(fits, one line)``: the estimate plus vLLM's share (``shared = true``: its
-    ``gpu_memory_utilization`` of the GPU) and ``CUDA_OVERHEAD_BYTES`` against ``gpu_bytes``, and
-    what to change when it does not fit."""
+    """``(fits, one line)``: the estimate plus vLLM's share (``shared = true``:
+    :func:`inference_bytes`) and ``CUDA_OVERHEAD_BYTES`` against ``gpu_bytes``, and what to
+    change when it does not fit."""
     from vf_rl.config.schema import trainer_values
 
     a = trainer_values(config)
-    vllm = 0
-    if config.inference.shared:
-        vllm = int(float(config.inference.args.get("gpu_memory_utilization", 0.9)) * gpu_bytes)
+    vllm = inference_bytes(config, gpu_bytes) if config.inference.shared else 0
     need = estimate.total + vllm + CUDA_OVERHEAD_BYTES
     where = "an 80 GB GPU" if gpu_bytes == GPU_80GB_BYTES else f"this GPU ({gpu_bytes / GIB:.1f} GiB)"
     line = (f"trainer memory per GPU (estimate): {estimate.describe()}"

@@ -87,8 +87,8 @@ def stop_server(process: subprocess.Popen) -> None:
 
 
 def memory_report(config: VfRlConfig, lengths: dict) -> dict | None:
-    """With trainer GPUs: the memory estimate for the measured sample and completion lengths
-    (``vf_rl.memory``), whether it fits an 80 GB GPU, and the ``max_seq_len`` bound."""
+    """With trainer GPUs: the memory estimate for the measured sample, prompt and completion
+    lengths (``vf_rl.memory.pass_tokens``), whether it fits an 80 GB GPU, and the ``max_seq_len`` bound."""
     from vf_rl.memory import estimate_for_run, fit_report, load_shape
 
     if not config.trainer.gpus:
@@ -98,7 +98,7 @@ def memory_report(config: VfRlConfig, lengths: dict) -> dict | None:
     except ValueError as exc:
         return {"line": f"trainer memory per GPU: not estimated ({exc})"}
     measured = estimate_for_run(config, shape, lengths["sample_tokens"]["mean"] or None,
-                                lengths["completion_tokens"]["mean"] or None)
+                                lengths["completion_tokens"]["mean"] or None, lengths["prompt_tokens"]["mean"] or None)
     fits, line = fit_report(config, measured)
     return {"line": line, "fits": fits, "estimate": measured.as_dict(),
             "bound_max_seq_len": estimate_for_run(config, shape).as_dict()}
