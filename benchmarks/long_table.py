@@ -1,12 +1,17 @@
-"""The long-sequence trainer-step results (``scripts/gpu/session.sh long``) as one table and one plot.
+"""Trainer-step results run one ``trainer_step.py`` process per side, as one table (and a plot).
 
-Reads ``benchmarks/results/trainer-step-<model>-lora-<tokens>-<side>[-offload]-<gpu>.json`` (one
-``trainer_step.py`` process per side and length) and prints a markdown table: tokens/s, peak GiB
-and time to first step per side and length, an out-of-memory side as ``OOM``, and vf-rl's
-tokens/s over the best TRL side's at each length; ``--plot`` draws tokens/s and peak memory
-against the sequence length (tokens), one line per side.
+Long sequences (``scripts/gpu/session.sh long``): reads
+``benchmarks/results/trainer-step-<model>-lora-<tokens>-<side>[-offload]-<gpu>.json`` and prints
+tokens/s, peak GiB and time to first step per side and length, an out-of-memory side as ``OOM``,
+and vf-rl's tokens/s over the best TRL side's at each length; ``--plot`` draws tokens/s and peak
+memory against the sequence length (tokens), one line per side.
+
+Small-model cases against every TRL side (``scripts/gpu/session.sh best``): ``--cases PREFIX``
+reads ``trainer-step-<PREFIX>-<fixed|realistic>-<model>-<lora|full>-<side>-<gpu>.json``, one row
+per case.
 
     python benchmarks/long_table.py --model llama-3.1-8b --gpu h100 --plot benchmarks/results/long-llama-3.1-8b-h100.png
+    python benchmarks/long_table.py --cases best --gpu h100
 """
 
 from __future__ import annotations
@@ -34,10 +39,23 @@ def load(model: str, gpu: str) -> dict[tuple[int, str], dict]:
     return rows
 
 
-def table(rows: dict[tuple[int, str], dict]) -> str:
+def load_cases(prefix: str, gpu: str) -> dict[tuple[str, str], dict]:
+    """``{("fixed, qwen2-0.5b lora", side): result}`` from the ``--cases`` files."""
+    pattern = re.compile(rf"trainer-step-{re.escape(prefix)}-(fixed|realistic)-(.+?)-(lora|full)-(.+)-{re.escape(gpu)}\.json$")
+    rows = {}
+    for path in sorted(RESULTS.glob(f"trainer-step-{prefix}-*-{gpu}.json")):
+        match = pattern.match(path.name)
+        if match:
+            mode, model, kind, _ = match.groups()
+            for side, result in json.loads(path.read_text())["results"].items():
+                rows[(f"{mode}, {model} {kind}", side)] = result
+    return rows
+
+
+def table(rows: dict[tuple[int | str, str], dict], key_label: str = "tokens per sequence") -> str:
     lengths = sorted({length for length, _ in rows})
     sides = sorted({side for _, side in rows}, key=lambda s: (not s.startswith("vf-rl"), s))
-    head = "| tokens per sequence | " + " | ".join(sides) + " | vf-rl / best TRL |"
+    head = f"| {key_label} | " + " | ".join(sides) + " | vf-rl / best TRL |"
     lines = [head, "|" + "---|" * (len(sides) + 2)]
     for length in lengths:
         cells, best = [], {}
@@ -53,7 +71,8 @@ def table(rows: dict[tuple[int, str], dict]) -> str:
         vf = max((v for s, v in best.items() if s.startswith("vf-rl")), default=None)
         trl = max((v for s, v in best.items() if s.startswith("trl")), default=None)
         ratio = f"{vf / trl:.2f}x" if vf and trl else "-"
-        lines.append(f"| {length:,} | " + " | ".join(cells) + f" | {ratio} |")
+        key = f"{length:,}" if isinstance(length, int) else length
+        lines.append(f"| {key} | " + " | ".join(cells) + f" | {ratio} |")
     return "\n".join(lines)
 
 
@@ -86,7 +105,14 @@ def main() -> None:
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="h100")
     p.add_argument("--plot", type=Path)
+    p.add_argument("--cases", metavar="PREFIX", help="the small-model cases of this file prefix (no plot)")
     args = p.parse_args()
+    if args.cases:
+        rows = load_cases(args.cases, args.gpu)
+        if not rows:
+            raise SystemExit(f"no trainer-step-{args.cases}-* results on {args.gpu} in {RESULTS}")
+        print(table(rows, "case"))
+        return
     rows = load(args.model, args.gpu)
     if not rows:
         raise SystemExit(f"no results for {args.model} on {args.gpu} in {RESULTS}")

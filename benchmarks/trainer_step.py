@@ -145,7 +145,10 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
-               "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False}}
+               "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
+               "vf-rl-stack": {"torch_compile": False}}
+"""vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
+instead of vf-rl's per-layer compile (an experiment: fewer compiled calls per pass)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -413,7 +416,7 @@ class VfSide:
                       activation_offloading=a.offload_activations,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
-                      use_liger=a.vf_liger, temperature=1.0, logging_steps=1, **self.overrides)
+                      use_liger=a.vf_liger and self.name != "vf-rl-stack", temperature=1.0, logging_steps=1, **self.overrides)
         if "micro_batch_tokens" in self.overrides:  # pack by tokens (default: the padded path's largest micro batch)
             wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}
@@ -434,6 +437,11 @@ class VfSide:
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
+        if self.name == "vf-rl-stack":
+            from vf_rl.trainer.model import base_model
+
+            base_model(self.model).model.compile()
+            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 

@@ -9,7 +9,7 @@ C=/tmp/chunks
 parts() {  # parts() NAME: the split parts NAME.aa NAME.ab ... found in any $C/.cN folder, in name order
   find $C -name "$1.??" | awk -F/ '{print $NF"\t"$0}' | sort | cut -f2
 }
-if [ ! -f /tmp/site/.done ]; then
+if [ ! -f /tmp/site/.done ] && [ -n "$(parts site.tar.xz)" ]; then
   mkdir -p /tmp/site && cat $(parts site.tar.xz) | xz -dc -T0 | tar x -C /tmp/site && touch /tmp/site/.done
 fi
 if [ ! -f /tmp/site2/.done ] && ls $C/.gpu/whl/*.whl >/dev/null 2>&1; then

@@ -16,6 +16,7 @@
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   warmup: vf-sft on reverse-text, then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
+#   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
 #   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
@@ -127,6 +128,25 @@ long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own tr
       --no-grad-check --batch $b --micro-batch 1 --prompt-len 512 --completion-len $((L - 512)) --steps ${STEPS:-2} --warmup 1 \
       --sides $side ${EXTRA:-} --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
   done; done; done
+  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
+best)  # issue 29: the small-model cases against every TRL side, each side its own trainer_step.py process, one after
+  # the other (liger patches modeling modules process-wide); BENCH as in bench; MODE=fixed|realistic; SIDES (default
+  # vf-rl trl-compile trl-liger trl-compile-liger trl); STEPS; JSON and logs in /tmp/e2e, `poll` collects
+  mkdir -p /tmp/e2e; cmd=""
+  R="--prompt-min 64 --prompt-max 1024 --max-tokens 1024 --cap-share 0.25 --group 8"
+  F="--prompt-len 256 --completion-len 256"
+  for case in ${BENCH:-qwen2-0.5b:lora llama-1b:lora qwen2-0.5b:full llama-1b:full}; do
+    for side in ${SIDES:-vf-rl trl-compile trl-liger trl-compile-liger trl}; do
+      m=${case%%:*}; kind=${case##*:}; flag=""; [ $kind = lora ] && flag=--lora
+      [ ${MODE:-fixed} = realistic ] && shape=$R || shape=$F
+      name=best-${MODE:-fixed}-$m-$kind-$side
+      cmd+="timeout ${LIMIT:-400} python3 benchmarks/trainer_step.py --mode ${MODE:-fixed} --model-config $m $flag \
+        --batch 64 --micro-batch 8 $shape --steps ${STEPS:-8} --warmup 2 --no-grad-check --sides $side ${EXTRA:-} \
+        --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
+    done
+  done
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
