@@ -181,6 +181,8 @@ def parse_args(argv=None):
     p.add_argument("--offload-activations", action="store_true",
                    help="with --gradient-checkpointing, both sides: the checkpointed layer inputs in pinned host memory "
                         "(vf-rl's activation_offloading, TRL's gradient_checkpointing_kwargs offload)")
+    p.add_argument("--tiled-mlp", action="store_true",
+                   help="vf-rl sides: tiled_mlp = true (each MLP run in tiles, no MLP tensors kept for backward)")
     p.add_argument("--vf-liger", action="store_true",
                    help="eager vf-rl sides: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger with torch_compile = false); "
                         "liger's RoPE patch is module-wide, so TRL gets it too; refused with a compiled vf-rl side")
@@ -413,7 +415,7 @@ class VfSide:
                       max_seq_len=seq, max_tokens=seq - 1, max_prompt_len=seq - 1,
                       learning_rate=a.lr, max_grad_norm=a.max_grad_norm,
                       bf16=self.device.type == "cuda", gradient_checkpointing=a.gradient_checkpointing,
-                      activation_offloading=a.offload_activations,
+                      activation_offloading=a.offload_activations, tiled_mlp=a.tiled_mlp,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
                       use_liger=a.vf_liger and self.name != "vf-rl-stack", temperature=1.0, logging_steps=1, **self.overrides)

@@ -238,6 +238,17 @@ def test_a_long_sequence_that_fits_only_with_offloaded_activations(tmp_path, mod
     assert 45 < float(line.split("= ")[-1].split(" GiB")[0]) < 60, line  # measured: 52.3 GiB + the CUDA context
 
 
+def test_256k_tokens_fit_only_with_a_tiled_mlp(tmp_path, model_dir):
+    """8B LoRA at 256k tokens per sequence, checkpointed and offloaded: the recomputed layer's MLP
+    tensors (6 x 14336 x 2 bytes per token, twice) do not fit an 80 GB GPU; tiled, they do."""
+    long = dict(use_lora=True, gradient_checkpointing=True, activation_offloading=True, max_seq_len=262144,
+                max_tokens=261632, max_prompt_len=512, micro_batch_size=1, batch_size=2, rollouts_per_example=2)
+    line = estimate_line(write_8b(tmp_path, model_dir, **long))
+    assert "does not fit; try tiled_mlp = true" in line, line
+    line = estimate_line(write_8b(tmp_path, model_dir, tiled_mlp=True, **long))
+    assert "does not fit" not in line, line
+
+
 def test_offloading_reaches_transformers_checkpointing_on_a_gpu_only(monkeypatch, capsys):
     """``activation_offloading`` becomes transformers' ``offload`` on a GPU (GPU-only: CUDA is faked
     here); on the CPU nothing changes; a transformers that cannot offload is a config error."""

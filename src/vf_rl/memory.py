@@ -17,7 +17,8 @@ The estimate adds five parts (bytes; activations in the model's bf16):
   its bf16 input, the SiLU is recomputed). Gradient checkpointing keeps each layer's input
   (``2 h``; in host memory with ``activation_offloading``) and recomputes one layer at a time,
   whose saved tensors and their gradients are live at once in its backward (twice the per-layer
-  count; within 8% of the 8B LoRA peaks at 4k-128k tokens). The count follows Korthikanti et
+  count; within 8% of the 8B LoRA peaks at 4k-128k tokens). ``tiled_mlp`` drops the ``8 I`` /
+  ``6 I`` of every layer and adds one tile's (``hidden`` tokens) and their gradients. The count follows Korthikanti et
   al., *Reducing Activation Recomputation in Large Transformer Models* (2022), section 4, for
   these layers, with memory-efficient attention (no ``[s, s]`` scores).
 * **logits**: the log-probs of the trained tokens come from the LM head in chunks
@@ -131,7 +132,7 @@ class MemoryEstimate:
 def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int, trained_tokens_per_pass: int,
                           lora_rank: int = 16, lora_targets: Any = None, fused_layers: bool = True,
                           gradient_checkpointing: bool = False, activation_offloading: bool = False,
-                          zero3_processes: int = 1) -> MemoryEstimate:
+                          tiled_mlp: bool = False, zero3_processes: int = 1) -> MemoryEstimate:
     """The peak bytes one trainer process holds during a step (module docstring's formula).
 
     Args:
@@ -139,6 +140,7 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         trained_tokens_per_pass: the trained (loss) tokens among them, whose log-probs the LM head computes.
         fused_layers: ``torch_compile`` or liger-kernel is on.
         activation_offloading: with ``gradient_checkpointing``, the layers' inputs are in host memory.
+        tiled_mlp: the MLPs keep no intermediates (``trainer/tiling.py``), but one tile's of ``hidden`` tokens.
         zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
     """
     from vf_rl.trainer.logprobs import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
@@ -151,12 +153,15 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
     else:
         weights, gradients, optimizer = 2 * shape.params // shards, (2 * shape.params // shards + 2 * vocab * h), \
             4 * shape.params // shards
-    per_layer = (14 * h + 4 * kv + 6 * inter) if fused_layers else (22 * h + 4 * kv + 8 * inter)
+    mlp = (6 if fused_layers else 8) * inter  # the MLP's gate, up, activation and product tensors
+    per_layer = (14 * h + 4 * kv if fused_layers else 22 * h + 4 * kv) + (0 if tiled_mlp else mlp)
     if gradient_checkpointing:
         # the recomputed layer's saved tensors and, during its backward, their gradients: 2 x per_layer
         activations = tokens_per_pass * ((0 if activation_offloading else layers * 2 * h) + 2 * per_layer)
     else:
         activations = tokens_per_pass * layers * per_layer
+    if tiled_mlp:  # one tile's MLP tensors and their gradients, in its backward
+        activations += 2 * mlp * min(tokens_per_pass, h)
     kept = trained_tokens_per_pass * vocab * 2
     logits = (kept if kept <= LOGPROB_KEEP_BYTES else 0) + 2 * min(trained_tokens_per_pass * vocab * 4,
                                                                     LOGPROB_CHUNK_BYTES)
@@ -236,7 +241,8 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
     return estimate_trainer_peak(shape, lora=bool(a["use_lora"]), tokens_per_pass=tokens, trained_tokens_per_pass=trained,
                                  lora_rank=int(a["lora_rank"]), lora_targets=a.get("lora_target_modules"),
                                  fused_layers=_fused(a), gradient_checkpointing=bool(a.get("gradient_checkpointing")),
-                                 activation_offloading=bool(a.get("activation_offloading")), zero3_processes=zero3)
+                                 activation_offloading=bool(a.get("activation_offloading")),
+                                 tiled_mlp=bool(a.get("tiled_mlp")), zero3_processes=zero3)
 
 
 def inference_bytes(config, gpu_bytes: int = GPU_80GB_BYTES) -> int:
@@ -266,6 +272,8 @@ def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES
         hints.append("gradient_checkpointing = true")
     elif not a.get("activation_offloading") and estimate.activations > 0.25 * estimate.total:
         hints.append("activation_offloading = true")
+    elif not a.get("tiled_mlp") and estimate.activations > 0.25 * estimate.total:
+        hints.append("tiled_mlp = true")
     if estimate.activations + estimate.logits > 0.25 * estimate.total:
         hints.append("a smaller micro_batch_size (or micro_batch_tokens)")
     if vllm:

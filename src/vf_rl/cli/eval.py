@@ -50,22 +50,16 @@ def start_server(model: str, extra: list[str], log: Path, timeout: float = 600.0
     Raises:
         RuntimeError: the server exited or was not ready within ``timeout`` seconds.
     """
-    import httpx
+    from vf_rl.inference.client import wait_for_server
 
     port = _free_port()
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model, "--port", str(port), *extra]
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"vf-vllm exited with status {process.returncode}; see {log}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return process, f"http://127.0.0.1:{port}/v1"
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
+    if wait_for_server(process, f"http://127.0.0.1:{port}/health", timeout, poll=2.0):
+        return process, f"http://127.0.0.1:{port}/v1"
+    if process.poll() is not None:
+        raise RuntimeError(f"vf-vllm exited with status {process.returncode}; see {log}")
     os.killpg(process.pid, signal.SIGKILL)
     raise RuntimeError(f"vf-vllm not ready after {timeout:.0f} s; see {log}")
 

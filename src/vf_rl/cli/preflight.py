@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig
@@ -43,10 +42,9 @@ def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: 
         ConfigError: too few GPUs, or the server's port is taken.
         PreflightError: the server exited or did not answer within ``timeout`` seconds.
     """
-    import httpx
-
     from vf_rl.cli.launch import build_commands, check_gpus, check_port_free, visible_gpus
     from vf_rl.config.resolved_toml import to_toml
+    from vf_rl.inference.client import wait_for_server
 
     gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
     host, port = config.server_address()
@@ -59,18 +57,12 @@ def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: 
         process = subprocess.Popen(inference.argv, env={**os.environ, **inference.env}, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
-            raise PreflightError(f"the inference server exited with status {process.returncode}"
-                                 + (f": {tail[0][-300:]}" if tail else ""))
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
+    if wait_for_server(process, url, timeout):
+        return process
+    if process.poll() is not None:
+        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        raise PreflightError(f"the inference server exited with status {process.returncode}"
+                             + (f": {tail[0][-300:]}" if tail else ""))
     stop_server(process)
     raise PreflightError(f"the inference server did not answer {url} within {timeout:.0f} s")
 

@@ -32,6 +32,21 @@ def openai_client(base_url: str, api_key: str, timeout: float):
                        http_client=DefaultAsyncHttpxClient(limits=HTTP_LIMITS, timeout=timeout))
 
 
+def wait_for_server(process, health_url: str, timeout: float, poll: float = 1.0) -> bool:
+    """Poll ``GET health_url`` until it answers 200 (True), or until the server's ``process``
+    (a ``subprocess.Popen``) exits or ``timeout`` seconds pass (False: ``process.poll()`` tells
+    which)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(health_url, timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    return False
+
+
 class InferenceClient:
     """Client for one vf-vllm server.
 

@@ -58,6 +58,7 @@ from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import start_orchestrator
 from .packing import plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
+from .tiling import tile_mlps
 from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
 
@@ -98,6 +99,8 @@ class RLTrainer(CheckpointingTrainer):
             tokenizer.pad_token = tokenizer.eos_token
         if args.use_lora:
             model = apply_lora(model, args)
+        if args.tiled_mlp:  # before compiling: a compiled layer calls the tiled MLP eagerly (tiling.py)
+            print(f"tiled_mlp: {tile_mlps(model)} MLPs run in tiles", flush=True)
         self.served_model_name = kwargs.pop("served_model_name", model_id)
         with_eval = evaluating(args) or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},

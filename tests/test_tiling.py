@@ -1,0 +1,93 @@
+"""The tiled MLP (vf_rl.trainer.tiling, ``tiled_mlp = true``): the same loss and gradients as
+the MLP run whole, fewer bytes kept for the backward pass, and the trainer applying it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from vf_rl.trainer.tiling import TiledMLP, tile_count, tile_mlps
+
+CONFIG = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, vocab_size=1000)
+
+
+def small_model(lora: bool, checkpointing: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**CONFIG))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"]))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:  # peft starts B at zero: give the adapter's MLP a gradient path
+                torch.nn.init.normal_(param, std=0.02)
+    return model
+
+
+def loss_grads_and_saved_bytes(model: torch.nn.Module, input_ids: torch.Tensor):
+    """One forward/backward: the loss, every trainable parameter's gradient, and the bytes that
+    autograd kept for the backward pass (saved-tensor hooks)."""
+    model.train()
+    model.zero_grad(set_to_none=True)
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(input_ids=input_ids).logits
+    loss = logits.float().pow(2).mean()
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}, saved[0]
+
+
+@pytest.mark.parametrize("lora, checkpointing", [(False, False), (True, False), (True, True)])
+def test_tiled_mlp_gives_the_same_gradients_and_keeps_less(lora, checkpointing):
+    input_ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(1))
+    whole = small_model(lora, checkpointing)
+    tiled = copy.deepcopy(whole)
+    assert tile_mlps(tiled) == 2 and tile_mlps(tiled) == 0  # once per layer, not twice
+    loss, grads, kept = loss_grads_and_saved_bytes(whole, input_ids)
+    tiled_loss, tiled_grads, tiled_kept = loss_grads_and_saved_bytes(tiled, input_ids)
+    assert tiled_loss == pytest.approx(loss, rel=1e-6)
+    assert grads.keys() == tiled_grads.keys() and len(grads) > 0
+    for name, grad in grads.items():
+        torch.testing.assert_close(tiled_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
+    if not checkpointing:  # without checkpointing every layer's MLP tensors are kept: 4 x [600, 256] floats each
+        assert kept - tiled_kept >= 2 * 4 * 600 * 256 * 4, (kept, tiled_kept)
+    with torch.no_grad():  # evaluation: the MLP runs whole, the same outputs
+        torch.testing.assert_close(tiled(input_ids=input_ids).logits, whole(input_ids=input_ids).logits)
+
+
+def test_tiles_and_input_gradient_of_the_function():
+    assert tile_count(4096, 4096) == 1 and tile_count(131072, 4096) == 32 and tile_count(10, 4096) == 1
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8)).double()
+    x = torch.randn(3, 17, 8, dtype=torch.double, requires_grad=True)
+    out = TiledMLP.apply(mlp, x, 4, *mlp.parameters())
+    torch.testing.assert_close(out, mlp(x))
+    (grad_x,) = torch.autograd.grad(out, x, torch.ones_like(out))
+    (expected,) = torch.autograd.grad(mlp(x), x, torch.ones_like(out))
+    torch.testing.assert_close(grad_x, expected)
+
+
+def test_the_trainer_tiles_the_mlps(model_dir, tmp_path, capsys):
+    """``tiled_mlp = true`` reaches the model the trainer trains (the LoRA model's MLPs)."""
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.env_api import load_environment
+    from vf_rl.trainer.model import decoder_layers
+    from vf_rl.trainer.trainer import RLTrainer
+
+    args = RLConfig(output_dir=str(tmp_path / "out"), report_to="none", use_cpu=True, tiled_mlp=True,
+                    use_lora=True, max_steps=1, batch_size=4, rollouts_per_example=2, micro_batch_size=2)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    trainer = RLTrainer(model=str(model_dir), env=env, args=args)
+    layers = decoder_layers(trainer.model)
+    assert layers and all(hasattr(layer.mlp, "_vf_rl_untiled_forward") for layer in layers)
+    assert f"tiled_mlp: {len(layers)} MLPs run in tiles" in capsys.readouterr().out
