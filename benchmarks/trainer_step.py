@@ -146,9 +146,11 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
-               "vf-rl-stack": {"torch_compile": False}}
+               "vf-rl-stack": {"torch_compile": False},
+               "vf-rl-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
-instead of vf-rl's per-layer compile (an experiment: fewer compiled calls per pass)."""
+instead of vf-rl's per-layer compile; vf-rl-cudagraphs: the per-layer regions replayed as CUDA
+graphs (``torch_compile_mode = "reduce-overhead"``). Experiments on a host-bound step's launch cost."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
