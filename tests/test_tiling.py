@@ -91,3 +91,21 @@ def test_the_trainer_tiles_the_mlps(model_dir, tmp_path, capsys):
     layers = decoder_layers(trainer.model)
     assert layers and all(hasattr(layer.mlp, "_vf_rl_untiled_forward") for layer in layers)
     assert f"tiled_mlp: {len(layers)} MLPs run in tiles" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_tiled_mlp_inside_compiled_layers_gives_the_same_gradients():
+    """With vf-rl's compiled decoder layers (the default on a GPU; inductor on the CPU here) the
+    tiled MLP is a graph break in each layer: the same loss and gradients as the eager, whole MLP."""
+    from vf_rl.trainer.model import compile_layers
+
+    input_ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(1))
+    whole = small_model(lora=True, checkpointing=False)
+    compiled = copy.deepcopy(whole)
+    tile_mlps(compiled)
+    assert compile_layers(compiled, "inductor") == 2
+    loss, grads, _ = loss_grads_and_saved_bytes(whole, input_ids)
+    compiled_loss, compiled_grads, _ = loss_grads_and_saved_bytes(compiled, input_ids)
+    assert compiled_loss == pytest.approx(loss, rel=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(compiled_grads[name], grad, rtol=1e-3, atol=1e-6, msg=name)
