@@ -420,7 +420,7 @@ class VfSide:
                       activation_offloading=a.offload_activations, tiled_mlp=a.tiled_mlp,
                       use_lora=a.lora, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha, lora_dropout=0.0,
                       max_steps=a.steps + a.warmup + 1, eval_strategy="no", save_strategy="no",
-                      use_liger=a.vf_liger and self.name != "vf-rl-stack", temperature=1.0, logging_steps=1, **self.overrides)
+                      use_liger=a.vf_liger, temperature=1.0, logging_steps=1, **self.overrides)
         if "micro_batch_tokens" in self.overrides:  # pack by tokens (default: the padded path's largest micro batch)
             wanted["micro_batch_tokens"] = a.vf_micro_batch_tokens or a.micro_batch * seq
         known = {f.name for f in dataclasses.fields(RLConfig)}

@@ -66,6 +66,27 @@ def test_tiled_mlp_gives_the_same_gradients_and_keeps_less(lora, checkpointing):
         torch.testing.assert_close(tiled(input_ids=input_ids).logits, whole(input_ids=input_ids).logits)
 
 
+def test_the_recomputation_runs_under_the_forwards_autocast():
+    """Mixed precision (accelerate's bf16 autocast on a GPU; CPU autocast here): the backward
+    pass recomputes each tile under the forward's autocast, in bf16 as the forward ran it (not in
+    float32, autocast being off during backward), with the untiled MLP's gradients."""
+    input_ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(1))
+    whole = small_model(lora=True, checkpointing=False)
+    tiled = copy.deepcopy(whole)
+    tile_mlps(tiled)
+    dtypes = []
+    for name, module in tiled.named_modules():
+        if name.endswith("mlp.gate_proj.base_layer"):
+            module.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads, _ = loss_grads_and_saved_bytes(whole, input_ids)
+        tiled_loss, tiled_grads, _ = loss_grads_and_saved_bytes(tiled, input_ids)
+    assert len(dtypes) > 2 * 2 and set(dtypes) == {torch.bfloat16}, dtypes  # forward tiles and recomputed ones
+    assert tiled_loss == loss
+    for name, grad in grads.items():
+        torch.testing.assert_close(tiled_grads[name], grad, rtol=2e-2, atol=1e-4, msg=name)
+
+
 def test_tiles_and_input_gradient_of_the_function():
     assert tile_count(4096, 4096) == 1 and tile_count(131072, 4096) == 32 and tile_count(10, 4096) == 1
     mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.SiLU(), torch.nn.Linear(32, 8)).double()

@@ -18,9 +18,9 @@ The estimate adds five parts (bytes; activations in the model's bf16):
   (``2 h``; in host memory with ``activation_offloading``) and recomputes one layer at a time,
   whose saved tensors and their gradients are live at once in its backward (twice the per-layer
   count; within 8% of the 8B LoRA peaks at 4k-128k tokens). ``tiled_mlp`` drops the ``8 I`` /
-  ``6 I`` of every layer and adds one tile's (``hidden`` tokens) and their gradients. The count follows Korthikanti et
-  al., *Reducing Activation Recomputation in Large Transformer Models* (2022), section 4, for
-  these layers, with memory-efficient attention (no ``[s, s]`` scores).
+  ``6 I`` of every layer and adds one tile's (``hidden`` tokens) and their gradients. The count
+  follows Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*
+  (2022), section 4, for these layers, with memory-efficient attention (no ``[s, s]`` scores).
 * **logits**: the log-probs of the trained tokens come from the LM head in chunks
   (``trainer/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
   when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
@@ -34,9 +34,9 @@ max_seq_len`` stands in for it. Checked (``tests/test_memory.py``) against every
 trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``: within 25% on each,
 most within 10%) and against the learning benchmarks' whole-GPU peaks with vLLM
 (``learning-*.json``: within 18% on each, for the environment's prompts and completions at
-``max_tokens``). Not modelled: mixture-of-experts
-layers (counted as dense), DeepSpeed ZeRO stages below 3, the CUDA context and the allocator's
-cached blocks (``CUDA_OVERHEAD_BYTES`` is added when comparing with a GPU's memory).
+``max_tokens``). Not modelled: mixture-of-experts layers (counted as dense), DeepSpeed ZeRO
+stages below 3, the CUDA context and the allocator's cached blocks (``CUDA_OVERHEAD_BYTES`` is
+added when comparing with a GPU's memory).
 """
 
 from __future__ import annotations

@@ -30,6 +30,8 @@ class TiledMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, fn, x: torch.Tensor, tiles: int, *params: torch.Tensor) -> torch.Tensor:
         ctx.fn, ctx.tiles, ctx.n_params = fn, tiles, len(params)
+        device = x.device.type  # the recomputation runs under the forward's autocast, as a checkpoint's does
+        ctx.autocast = (device, torch.get_autocast_dtype(device), torch.is_autocast_enabled(device))
         ctx.save_for_backward(x)
         with torch.no_grad():
             return torch.cat([fn(part) for part in x.tensor_split(tiles, dim=-2)], dim=-2)
@@ -42,7 +44,8 @@ class TiledMLP(torch.autograd.Function):
                     grad_x.tensor_split(ctx.tiles, dim=-2) if grad_x is not None else [None] * ctx.tiles)
         for part, grad_part, into in parts:
             part = part.detach().requires_grad_(into is not None)
-            with torch.enable_grad():
+            device, dtype, enabled = ctx.autocast
+            with torch.enable_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):
                 out = ctx.fn(part)
             # parameters' .grad accumulate here, as a checkpoint's recomputation does
             torch.autograd.backward(out, grad_part)
