@@ -444,6 +444,8 @@ AGREE_REJECT = {
     "num_batches_ahead mapped then checked": ({"num_batches_ahead": 0}, "max_off_policy_steps: must be at least 1"),
     "offloading without checkpointing": ({"activation_offloading": True},
                                          "activation_offloading = true needs"),
+    "tiled MLP with LoRA dropout": ({"tiled_mlp": True, "use_lora": True, "lora_dropout": 0.05},
+                                    "tiled_mlp = true needs"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
@@ -459,6 +461,7 @@ AGREE_ACCEPT = {
     "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,
                     "oversampling_factor": 1.5, "beta": 0.04, "max_off_policy_steps": 2},
     "offloaded checkpoints": {"gradient_checkpointing": True, "activation_offloading": True},
+    "tiled MLP with LoRA": {"tiled_mlp": True, "use_lora": True},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 

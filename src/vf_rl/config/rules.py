@@ -187,6 +187,9 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     if a["activation_offloading"] and not a.get("gradient_checkpointing"):
         raise ConfigError(f"{p}activation_offloading = true needs {p}gradient_checkpointing = true (it moves the "
                           "checkpointed layer inputs to host memory)")
+    if a.get("tiled_mlp") and a["use_lora"] and a["lora_dropout"] > 0:
+        raise ConfigError(f"{p}tiled_mlp = true needs {p}lora_dropout = 0 (the backward pass recomputes each MLP "
+                          f"tile, which would draw new dropout masks); this run has {a['lora_dropout']}")
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
