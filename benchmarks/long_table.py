@@ -1,7 +1,7 @@
 """Trainer-step results run one ``trainer_step.py`` process per side, as one table (and a plot).
 
 Long sequences (``scripts/gpu/session.sh long``): reads
-``benchmarks/results/trainer-step-<model>-lora-<tokens>-<side>[-offload]-<gpu>.json`` and prints
+``benchmarks/results/trainer-step-<model>-lora-<tokens>-<side>[-offload[-tiled]]-<gpu>.json`` and prints
 tokens/s, peak GiB and time to first step per side and length, an out-of-memory side as ``OOM``,
 and vf-rl's tokens/s over the best TRL side's at each length; ``--plot`` draws tokens/s and peak
 memory against the sequence length (tokens), one line per side.
@@ -26,8 +26,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def load(model: str, gpu: str) -> dict[tuple[int, str], dict]:
     """``{(tokens per sequence, side label): result}``; the label is the side's name, with
-    ``+offload`` when its activations were offloaded."""
-    pattern = re.compile(rf"trainer-step-{re.escape(model)}-lora-(\d+)-(.+?)(-offload)?-{re.escape(gpu)}\.json$")
+    ``+offload`` when its activations were offloaded, ``+offload+tiled`` with ``tiled_mlp`` too."""
+    pattern = re.compile(rf"trainer-step-{re.escape(model)}-lora-(\d+)-(.+?)(-offload(?:-tiled)?)?-{re.escape(gpu)}\.json$")
     rows = {}
     for path in sorted(RESULTS.glob(f"trainer-step-{model}-lora-*-{gpu}.json")):
         match = pattern.match(path.name)
@@ -35,7 +35,7 @@ def load(model: str, gpu: str) -> dict[tuple[int, str], dict]:
             continue
         record = json.loads(path.read_text())
         for side, result in record["results"].items():
-            rows[(int(match.group(1)), side + ("+offload" if match.group(3) else ""))] = result
+            rows[(int(match.group(1)), side + (match.group(3) or "").replace("-", "+"))] = result
     return rows
 
 

@@ -79,6 +79,7 @@ import argparse
 import copy
 import dataclasses
 import datetime
+import functools
 import gc
 import json
 import math
@@ -146,11 +147,9 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
-               "vf-rl-stack": {"torch_compile": False},
-               "vf-rl-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}}
+               "vf-rl-stack": {"torch_compile": False}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
-instead of vf-rl's per-layer compile; vf-rl-cudagraphs: the per-layer regions replayed as CUDA
-graphs (``torch_compile_mode = "reduce-overhead"``). Experiments on a host-bound step's launch cost."""
+instead of vf-rl's per-layer compile, an experiment on a host-bound step's launch cost."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -294,12 +293,25 @@ def batch_shape(args) -> tuple[list[int], list[int], list[int]]:
     return ([prompts[i // args.group] for i in range(B)], lengths.tolist(), [i // args.group for i in range(B)])
 
 
+def _rows_at_a_time(forward, rows: int, x: torch.Tensor) -> torch.Tensor:
+    """``forward(x)`` for a position-wise module over ``x`` ``[1, L, H]``, ``rows`` positions at a time."""
+    return torch.cat([forward(x[:, i:i + rows]) for i in range(0, x.shape[1], rows)], dim=1)
+
+
 @torch.no_grad()
 def sequence_logprobs(model, ids: torch.Tensor, prompt_len: int, rows: int = 4096) -> torch.Tensor:
     """Log-probs ``[C]`` (float32) of the completion tokens of one sequence ``ids`` ``[1, P + C]``:
     the decoder's final hidden states through the LM head ``rows`` positions at a time, so a 32k-token
-    sequence never holds ``[32k, vocab]`` logits."""
-    hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, prompt_len - 1:-1]
+    sequence never holds ``[32k, vocab]`` logits (nor, past 32k, a ``[L, intermediate]`` MLP tensor)."""
+    long = ids.shape[1] > 8 * rows
+    mlps = [m.mlp for m in model.modules() if isinstance(getattr(m, "mlp", None), torch.nn.Module)] if long else []
+    for mlp in mlps:  # beyond 32k positions each MLP runs ``rows`` positions at a time: no [L, intermediate] tensor
+        mlp.forward = functools.partial(_rows_at_a_time, mlp.forward, rows)
+    try:
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, prompt_len - 1:-1]
+    finally:
+        for mlp in mlps:
+            del mlp.forward
     head, targets = model.get_output_embeddings(), ids[0, prompt_len:]
     out = [torch.log_softmax(head(hidden[i:i + rows]).float(), dim=-1).gather(-1, targets[i:i + rows, None])[:, 0]
            for i in range(0, hidden.shape[0], rows)]

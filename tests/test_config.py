@@ -446,6 +446,7 @@ AGREE_REJECT = {
                                          "activation_offloading = true needs"),
     "tiled MLP with LoRA dropout": ({"tiled_mlp": True, "use_lora": True, "lora_dropout": 0.05},
                                     "tiled_mlp = true needs"),
+    "CUDA-graph compile mode": ({"torch_compile_mode": "reduce-overhead"}, "torch_compile_mode = 'reduce-overhead' replays"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
@@ -462,6 +463,7 @@ AGREE_ACCEPT = {
                     "oversampling_factor": 1.5, "beta": 0.04, "max_off_policy_steps": 2},
     "offloaded checkpoints": {"gradient_checkpointing": True, "activation_offloading": True},
     "tiled MLP with LoRA": {"tiled_mlp": True, "use_lora": True},
+    "compile mode without CUDA graphs": {"torch_compile_mode": "max-autotune-no-cudagraphs"},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 

@@ -190,6 +190,10 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     if a.get("tiled_mlp") and a["use_lora"] and a["lora_dropout"] > 0:
         raise ConfigError(f"{p}tiled_mlp = true needs {p}lora_dropout = 0 (the backward pass recomputes each MLP "
                           f"tile, which would draw new dropout masks); this run has {a['lora_dropout']}")
+    if a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
+        raise ConfigError(f"{p}torch_compile_mode = {a['torch_compile_mode']!r} replays CUDA graphs, which vf-rl's "
+                          "per-layer compiled regions cannot use (each layer's output is overwritten by the next "
+                          "replay); use 'default' or 'max-autotune-no-cudagraphs'")
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
