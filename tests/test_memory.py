@@ -76,7 +76,7 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
             shape, lora=args["lora"], lora_rank=args["lora_rank"], tokens_per_pass=max(t for t, _ in passes),
             trained_tokens_per_pass=max(m for _, m in passes), fused_layers=not eager or args.get("vf_liger", False),
             gradient_checkpointing=args.get("gradient_checkpointing", False),
-            activation_offloading=args.get("offload_activations", False))
+            activation_offloading=args.get("offload_activations", False), tiled_mlp=args.get("tiled_mlp", False))
         errors[name] = estimate.total / result["peak_mem_bytes"] - 1
         checked += 1
     assert checked >= 40
