@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up (as scripts/demo.sh does), then lint (ruff), build the docs site (mkdocs --strict: a broken
-# link or a missing page fails) and run the whole test suite on the CPU.
+# link or a missing page fails) and run the whole test suite on the CPU, two test modules at a time.
 #   scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 .venv/bin/ruff check src tests benchmarks scripts examples
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$(mktemp -d)"
-exec .venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist), one test module per worker at a time: a test mostly waits on one process
+# (a server starting, a trainer step) and so used one of the two cores; VF_RL_TEST_WORKERS=0 runs serially
+exec .venv/bin/python -m pytest -q -n "${VF_RL_TEST_WORKERS:-2}" --dist loadfile "$@"

@@ -20,6 +20,10 @@ from vf_rl.inference.communicator import free_port  # noqa: F401  (re-exported f
 CORES = split_cpu_cores()
 if CORES is not None:
     os.environ.setdefault(TRAINER_CORES_ENV, CORES[1])
+# Two pytest-xdist workers each hold a session server while their tests start more (a vf-rl run's own,
+# the LoRA and scale-out modules'): 1 GiB of KV cache per server (~23k tokens at max_model_len 1024, room
+# for every test's batch) instead of vf-vllm's CPU default of 2 keeps them all within a 24 GiB machine.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @pytest.fixture(scope="session")
