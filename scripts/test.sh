@@ -9,4 +9,7 @@ scripts/setup.sh
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict -q -d "$(mktemp -d)"
 # two workers (pytest-xdist), one test module per worker at a time: a test mostly waits on one process
 # (a server starting, a trainer step) and so used one of the two cores; VF_RL_TEST_WORKERS=0 runs serially
-exec .venv/bin/python -m pytest -q -n "${VF_RL_TEST_WORKERS:-2}" --dist loadfile "$@"
+# (two workers peaked at 20 GiB used; below 22 GiB of memory the default is serial)
+mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+workers=${VF_RL_TEST_WORKERS:-$([ "$mem_gib" -ge 22 ] && echo 2 || echo 0)}
+exec .venv/bin/python -m pytest -q -n "$workers" --dist loadfile "$@"
