@@ -129,3 +129,22 @@ def test_exceeds_max_seq_len_is_exactly_when_samples_are_cut(turns):
         kept = sum(len(s.input_ids) for s in rollout_to_samples(turns, 0.0, max_seq_len=limit))
         assert exceeds_max_seq_len(turns, limit) == (kept < full), limit
 
+
+
+def test_sample_table_prints_to_the_current_stdout(monkeypatch):
+    """The sample table goes to sys.stdout as it is when printed: a stream replaced after import
+    (a notebook's, a test's capture) gets it, and a closed earlier one is not written to."""
+    import io
+
+    from vf_rl.trainer.display import sample_table
+    from vf_rl.trainer.orchestrator import Batch
+
+    batch = Batch(step=0, samples=[], row_ids=[7],
+                  rollouts=[Rollout(example_id=7, prompt=[{"role": "user", "content": "Reverse: abc"}],
+                                    completion=[{"role": "assistant", "content": "cba"}], reward=1.0)])
+    for _ in range(2):
+        stream = io.StringIO()
+        monkeypatch.setattr("sys.stdout", stream)
+        sample_table(batch, step=1)
+        assert "Step 1 samples" in stream.getvalue() and "cba" in stream.getvalue() and "1.000" in stream.getvalue()
+        stream.close()

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-
 from rich.console import Console
 from rich.table import Table
 
-_console = Console(file=sys.stdout, width=160, soft_wrap=False)
+# no file given: rich writes to whatever sys.stdout is at each print (a notebook's or a test's
+# replacement of sys.stdout included), not to the stream of the moment this module was imported
+_console = Console(width=160, soft_wrap=False)
 
 
 def last_text(messages) -> str:
