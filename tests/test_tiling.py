@@ -62,8 +62,31 @@ def test_tiled_mlp_gives_the_same_gradients_and_keeps_less(lora, checkpointing):
         torch.testing.assert_close(tiled_grads[name], grad, rtol=1e-4, atol=1e-7, msg=name)
     if not checkpointing:  # without checkpointing every layer's MLP tensors are kept: 4 x [600, 256] floats each
         assert kept - tiled_kept >= 2 * 4 * 600 * 256 * 4, (kept, tiled_kept)
-    with torch.no_grad():  # evaluation: the MLP runs whole, the same outputs
+    with torch.no_grad():  # evaluation: the MLP runs in tiles, the same outputs
         torch.testing.assert_close(tiled(input_ids=input_ids).logits, whole(input_ids=input_ids).logits)
+
+
+def test_without_autograd_each_mlp_runs_tile_by_tile():
+    """Reference log-probs (``beta > 0``) and evaluation run without autograd: each MLP still sees
+    one tile at a time (a whole-sequence MLP there would hold the ``[tokens, intermediate]`` tensors
+    the training pass avoids), with the outputs of the whole MLP; a short input runs whole."""
+    whole = small_model(lora=True, checkpointing=False)
+    tiled = copy.deepcopy(whole)
+    tile_mlps(tiled)
+    seen = []
+    for name, module in tiled.named_modules():
+        if hasattr(module, "_vf_rl_untiled_forward"):
+            forward = module._vf_rl_untiled_forward
+            module._vf_rl_untiled_forward = lambda x, forward=forward: seen.append(tuple(x.shape)) or forward(x)
+    long_ids = torch.randint(0, 1000, (2, 300), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(tiled(input_ids=long_ids).logits, whole(input_ids=long_ids).logits)
+    tiles = tile_count(2 * 300, CONFIG["hidden_size"])
+    assert tiles > 1 and seen == [(2, 300 // tiles, CONFIG["hidden_size"])] * (tiles * CONFIG["num_hidden_layers"])
+    seen.clear()
+    with torch.no_grad():
+        tiled(input_ids=long_ids[:, :16])
+    assert seen == [(2, 16, CONFIG["hidden_size"])] * CONFIG["num_hidden_layers"]
 
 
 def test_the_recomputation_runs_under_the_forwards_autocast():

@@ -62,21 +62,24 @@ def tile_count(tokens: int, hidden: int) -> int:
 
 @torch.compiler.disable  # its backward runs autograd itself: a compiled layer calls it eagerly
 def _tiled_forward(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    if not torch.is_grad_enabled():
-        return mlp._vf_rl_untiled_forward(x)
+    forward = mlp._vf_rl_untiled_forward
     tokens = x.shape[-2] * (x.shape[0] if x.dim() > 2 else 1)
     tiles = min(tile_count(tokens, x.shape[-1]), x.shape[-2])
+    if tiles <= 1:
+        return forward(x)
     params = [p for p in mlp.parameters() if p.requires_grad]
-    if tiles <= 1 or not (x.requires_grad or params):
-        return mlp._vf_rl_untiled_forward(x)
-    return TiledMLP.apply(mlp._vf_rl_untiled_forward, x, tiles, *params)
+    if not torch.is_grad_enabled() or not (x.requires_grad or params):
+        # nothing to backpropagate (reference log-probs, evaluation): one tile's intermediates at a time
+        return torch.cat([forward(part) for part in x.tensor_split(tiles, dim=-2)], dim=-2)
+    return TiledMLP.apply(forward, x, tiles, *params)
 
 
 def tile_mlps(model: torch.nn.Module) -> int:
     """Run every decoder layer's ``mlp`` (the module under a layer's ``mlp`` attribute) tiled
     (:class:`TiledMLP`), in place: the modules, their parameters and state dict are unchanged
     (peft's LoRA layers inside stay trainable). Without autograd (evaluation, reference
-    log-probs) an MLP runs as it is.
+    log-probs) an MLP runs tile by tile too, with nothing kept: a no-grad forward at a long length
+    holds one tile's intermediates, not ``[tokens, intermediate]`` ones.
 
     Returns:
         the number of MLPs tiled (0 for a model whose layers have no ``mlp``)."""
