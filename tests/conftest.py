@@ -11,15 +11,35 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vf_rl.cli.cpus import SERVER_CORES_ENV, TRAINER_CORES_ENV, split_cpu_cores
-from vf_rl.inference.communicator import free_port  # noqa: F401  (re-exported for the tests)
+from vf_rl.cli.cpus import SERVER_CORES_ENV, TRAINER_CORES_ENV, format_cpu_list, split_cpu_cores
 
-# The servers the tests start get the first half of the cores and every vf-train they run the rest,
-# as `vf-rl` splits a CPU run (vf_rl.cli.cpus): both on every core, their OpenMP threads wait on each
-# other and a step of the CPU demo's size took 50 s instead of 9.
-CORES = split_cpu_cores()
+
+def worker_cores() -> list[int]:
+    """This test process's share of the cores: under pytest-xdist, worker ``i`` of ``n`` gets every
+    ``n``-th core from core ``i`` (all of them when there are fewer cores than workers); otherwise every core."""
+    cores = sorted(os.sched_getaffinity(0))
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if count < 2 or len(cores) < count:
+        return cores
+    return cores[int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % count::count]
+
+
+# The servers the tests start get the first half of this process's cores and every vf-train they run
+# the rest, as `vf-rl` splits a CPU run (vf_rl.cli.cpus): both on every core, their OpenMP threads wait
+# on each other and a step of the CPU demo's size took 50 s instead of 9. Two xdist workers on two
+# cores each keep to their own core (server, trainer and the worker's own torch): spread over both,
+# one worker's threads spin while the other's compute, and some tests ran five times slower.
+SHARE = worker_cores()
+CORES = split_cpu_cores(SHARE)
 if CORES is not None:
     os.environ.setdefault(TRAINER_CORES_ENV, CORES[1])
+elif len(SHARE) < len(os.sched_getaffinity(0)):
+    os.environ.setdefault(SERVER_CORES_ENV, format_cpu_list(SHARE))
+    os.environ.setdefault(TRAINER_CORES_ENV, format_cpu_list(SHARE))
+    os.environ.setdefault("OMP_NUM_THREADS", str(len(SHARE)))  # before torch is imported: its pool's size
+
+from vf_rl.inference.communicator import free_port  # noqa: E402, F401  (re-exported for the tests)
+
 # Two pytest-xdist workers each hold a session server while their tests start more (a vf-rl run's own,
 # the LoRA and scale-out modules'): 1 GiB of KV cache per server (~23k tokens at max_model_len 1024, room
 # for every test's batch) instead of vf-vllm's CPU default of 2 keeps them all within a 24 GiB machine.

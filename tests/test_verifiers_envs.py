@@ -320,9 +320,10 @@ def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_
 
 
 @pytest.mark.server
+@pytest.mark.slow  # CI: a published classic package (alkahest) trains through vf-rl in test_published_envs.py
 @pytest.mark.parametrize("env_id,env_args,reward", [
     ("you/vfx-reverse-text", {"few_shot": 2}, "reward/lcs_reward_func"),
-    pytest.param("you/vfx-reverse-text-v1", {"taskset": {"few_shot": 2}}, "reward/lcs_reward", marks=pytest.mark.slow),
+    ("you/vfx-reverse-text-v1", {"taskset": {"few_shot": 2}}, "reward/lcs_reward"),
 ], ids=["classic", "v1"])
 def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path, env_id, env_args, reward):
     """`vf-rl @ config.toml` (real tmux, its own server) on an unchanged verifiers module."""
