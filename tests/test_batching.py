@@ -130,7 +130,6 @@ def test_exceeds_max_seq_len_is_exactly_when_samples_are_cut(turns):
         assert exceeds_max_seq_len(turns, limit) == (kept < full), limit
 
 
-
 def test_sample_table_prints_to_the_current_stdout(monkeypatch):
     """The sample table goes to sys.stdout as it is when printed: a stream replaced after import
     (a notebook's, a test's capture) gets it, and a closed earlier one is not written to."""

@@ -210,7 +210,7 @@ def test_port_in_time_wait_is_free():
     with SO_REUSEADDR, as vLLM's server does: not refused."""
     import socket
 
-    from vf_rl.cli.launch import check_port_free
+    from vf_rl.cli.ports import check_port_free
 
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

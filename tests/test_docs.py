@@ -139,3 +139,13 @@ def test_vf_eval_on_the_example_envs(server, tmp_path, monkeypatch, env_id, env_
     assert metric in result.stdout, result.stdout[-3000:]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 4 and all(r["completion"][0]["role"] == "assistant" for r in records)
+
+
+def test_no_module_is_over_450_lines_and_the_core_is_under_1000():
+    """The code stays readable top to bottom: every module under src/ at most 450 lines, and the
+    trainer, orchestrator and loss together at most 1,000."""
+    src = ROOT / "src" / "vf_rl"
+    lines = {path: len(path.read_text().splitlines()) for path in src.rglob("*.py")}
+    assert not {str(p.relative_to(src)): n for p, n in lines.items() if n > 450}
+    core = sum(lines[src / "trainer" / name] for name in ("trainer.py", "orchestrator.py", "loss.py"))
+    assert core <= 1000, core

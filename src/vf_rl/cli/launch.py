@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vf_rl.cli.cpus import cpu_side_env
+from vf_rl.cli.ports import check_port_free
 from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, trainer_values
 from vf_rl.config.tools import check_tool_calling
@@ -173,41 +174,6 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config
         print(f"warning: {message}", file=sys.stderr)
         gpus = gpus + [str(i) for i in range(len(gpus), needed)]
     return gpus
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise ConfigError if ``host:port`` is taken (another run, another server), naming the
-    process that listens there when it can be found. Bound as the server will bind it
-    (``SO_REUSEADDR``, as uvicorn does), so a port still in TIME_WAIT after the last run is free."""
-    import socket
-
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host if host not in ("localhost",) else "127.0.0.1", port))
-        except OSError:
-            owner = port_owner(port)
-            raise ConfigError(f"port {port} on {host} is already in use{f' by {owner}' if owner else ''} (another "
-                              "vf-rl run or server?); set trainer.args.vllm_server_port to a free port") from None
-
-
-def port_owner(port: int) -> str:
-    """``"pid N (command line)"`` of the process listening on ``port``, or ``""`` when it cannot be
-    seen (another user's process without the rights to look)."""
-    import psutil
-
-    try:
-        connections = psutil.net_connections(kind="inet")
-    except (psutil.Error, OSError):
-        return ""
-    for c in connections:
-        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
-            try:
-                command = " ".join(psutil.Process(c.pid).cmdline())[:80]
-            except psutil.Error:
-                command = ""
-            return f"pid {c.pid}" + (f" ({command})" if command else "")
-    return ""
 
 
 def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path,
