@@ -42,6 +42,23 @@ def test_synthetic_sample_is_consistent():
             assert gsm8k.extract_hash_answer(row["answer"]) == notes[-1][1]
 
 
+def test_worked_solutions_are_what_vf_sft_trains_on_and_score_1(env):
+    """Each row's ``completion`` is its solution without calculator notes, ending in the boxed
+    answer the rubric rewards; vf-sft's rows from ``[env] id = "gsm8k"`` are exactly those."""
+    from vf_rl.sft import load_rows
+
+    assert gsm8k.worked_solution("4*6 = <<4*6=24>>24 eggs\n#### 24") == "4*6 = 24 eggs\n\\boxed{24}"
+    assert gsm8k.worked_solution("#### 1,200") == "\\boxed{1200}"
+    train = env.get_dataset()
+    for row in train.select(range(20)):
+        assert "<<" not in row["completion"] and "####" not in row["completion"]
+        assert score(env, row["completion"], row["answer"])[0] == 1.0
+    rows = load_rows(None, {"id": "gsm8k", "args": {"source": "offline"}})
+    assert len(rows) == len(train)
+    assert rows[0]["prompt"] == train[0]["prompt"]
+    assert rows[0]["completion"] == [{"role": "assistant", "content": train[0]["completion"]}]
+
+
 def test_extract_hash_answer():
     assert gsm8k.extract_hash_answer("5*240 = 1200\n#### 1,200") == "1200"
     with pytest.raises(ValueError, match="####"):

@@ -15,7 +15,7 @@
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
-#   warmup: vf-sft on reverse-text, then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
+#   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
 #   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
@@ -104,15 +104,16 @@ learning)  # ENV may list several environments: they run one after another (TAG 
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
-warmup)  # vf-sft (configs/vf-sft/reverse-text.toml, model /tmp/smol), then the learning benchmark on reverse-text from the
-  # warmed-up model with few_shot = 0 (SIDES default vf-rl; MINUTES default 15; EVAL_EVERY steps between held-out evals)
-  mkdir -p /tmp/e2e; name=learning-reverse-text${TAG:--warmup}; rm -rf /tmp/e2e/$name /tmp/sft-reverse-text
-  sed -e 's#^model = .*#model = "/tmp/smol"#' -e 's#^output_dir = .*#output_dir = "/tmp/sft-reverse-text"#' \
-    configs/vf-sft/reverse-text.toml > /tmp/sft.toml
-  cmd="python3 -m vf_rl.cli.sft @ /tmp/sft.toml > /tmp/e2e/sft.log 2>&1 && python3 benchmarks/learning.py --env reverse-text \
-    --env-arg few_shot=0 --device gpu --model /tmp/sft-reverse-text --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
-    --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name \
-    > /tmp/e2e/$name.log 2>&1"
+warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tmp/smol), then the learning benchmark on
+  # that environment from the warmed-up model with few_shot = 0 (SIDES default vf-rl, e.g. vf-rl,trl-liger: every side
+  # starts from the same warmed-up model; MINUTES default 15; EVAL_EVERY steps between held-out evals of vf-rl)
+  mkdir -p /tmp/e2e; env=${ENV:-reverse-text}; name=learning-$env${TAG:--warmup}; rm -rf /tmp/e2e/$name /tmp/sft-$env
+  sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$env\"#" \
+    configs/vf-sft/$env.toml > /tmp/sft-$env.toml
+  cmd="python3 -m vf_rl.cli.sft @ /tmp/sft-$env.toml > /tmp/e2e/sft-$env.log 2>&1 && python3 benchmarks/learning.py --env $env \
+    --env-arg few_shot=0 --device gpu --model /tmp/sft-$env --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
+    --trl-vllm ${TRL_VLLM:-colocate} --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json \
+    --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1"
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;

@@ -8,7 +8,9 @@ verifiers' ``gsm8k``. A format metric ``boxed_format_reward`` (1.0 when the repl
 
 Data: the hub dataset ``openai/gsm8k`` (config ``main``; splits ``train`` and ``test``)
 through ``datasets`` when it can be reached; the reference answer is the text after
-``####`` with thousands separators removed. Otherwise (no network, ``HF_HUB_OFFLINE=1``,
+``####`` with thousands separators removed, and the worked solution, in the format the
+rubric reads, is kept as the ``completion`` column (what ``vf-sft`` with ``[env] id = "gsm8k"``
+trains on; rollouts ignore it). Otherwise (no network, ``HF_HUB_OFFLINE=1``,
 or ``source="offline"``) the OFFLINE SET shipped in ``data/``: it is SYNTHETIC, not GSM8K:
 200 train and 50 eval GSM8K-style problems generated from templates written for this
 project (``scripts/make_gsm8k_sample.py``), in the hub dataset's columns.
@@ -19,6 +21,7 @@ project (``scripts/make_gsm8k_sample.py``), in the hub dataset's columns.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from datasets import Dataset, load_dataset
@@ -53,6 +56,19 @@ def extract_hash_answer(text: str) -> str:
     return text.rsplit("####", 1)[1].strip().replace(",", "")
 
 
+def worked_solution(text: str) -> str:
+    """A GSM8K solution as the rubric wants a reply: its steps without the calculator notes
+    (``<<6*4=24>>``), then ``\\boxed{answer}`` in place of the ``#### answer`` line.
+    ``"4*6 = <<4*6=24>>24\\n#### 24"`` -> ``"4*6 = 24\\n\\boxed{24}"``.
+
+    Raises:
+        ValueError: if ``text`` has no ``####``.
+    """
+    answer = extract_hash_answer(text)
+    steps = re.sub(r"<<[^>]*>>", "", text.rsplit("####", 1)[0]).strip()
+    return f"{steps}\n\\boxed{{{answer}}}" if steps else f"\\boxed{{{answer}}}"
+
+
 def few_shot_messages(n: int) -> list[dict]:
     """``n`` built-in example user/assistant turns (0 <= n <= 2).
 
@@ -74,7 +90,8 @@ def _offline(split: str) -> Dataset:
 
 def load_gsm8k(split: str = "train", source: str = "auto", dataset_name: str = HUB_DATASET,
                num_examples: int = -1) -> Dataset:
-    """GSM8K rows with columns ``question``, ``answer`` (the final answer only, e.g. ``"72"``)
+    """GSM8K rows with columns ``question``, ``answer`` (the final answer only, e.g. ``"72"``),
+    ``completion`` (the worked solution ending in ``\\boxed{72}``, :func:`worked_solution`)
     and ``task`` (``"gsm8k"``).
 
     Args:
@@ -96,7 +113,7 @@ def load_gsm8k(split: str = "train", source: str = "auto", dataset_name: str = H
     if num_examples > 0:
         ds = ds.select(range(min(num_examples, len(ds))))
     return ds.map(lambda x: {"question": x["question"], "answer": extract_hash_answer(x["answer"]),
-                             "task": "gsm8k"})
+                             "completion": worked_solution(x["answer"]), "task": "gsm8k"})
 
 
 def boxed_format_reward(completion, **kwargs) -> float:
