@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 
 import pytest
 
@@ -129,3 +130,20 @@ def test_generate_against_server(server, env):
         assert len(r.turns) == 1 and r.completion[0]["role"] == "assistant"
         for turn in r.turns:
             assert len(turn.completion_ids) == len(turn.completion_logprobs) > 0
+
+
+def test_math_answers_score_off_the_main_thread(env):
+    """The orchestrator scores rollouts in its event loop's thread, where math-verify's SIGALRM
+    timeout cannot be set: there every answer used to score 0 (the gsm8k run of RESULTS (m))."""
+    results = []
+
+    def in_a_thread():
+        results.append([score(env, f"so \\boxed{{{text}}}", answer)[0]
+                        for text, answer in [("72.0", "72"), ("\\frac{1}{2}", "0.5"), ("71", "72"), ("72", "72")]])
+        results.append(vf_rl.env_api.math_equal("10^{10^{10}}", "8"))  # past math-verify's timeout: False
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert results == [[1.0, 1.0, 0.0, 1.0], False]
+    assert [score(env, "\\boxed{72.0}", "72")[0], score(env, "\\boxed{71}", "72")[0]] == [1.0, 0.0]
