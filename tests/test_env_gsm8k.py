@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
+import textwrap
 import threading
+import time
 
+import psutil
 import pytest
 
 import vf_rl
@@ -147,3 +152,31 @@ def test_math_answers_score_off_the_main_thread(env):
     thread.join()
     assert results == [[1.0, 1.0, 0.0, 1.0], False]
     assert [score(env, "\\boxed{72.0}", "72")[0], score(env, "\\boxed{71}", "72")[0]] == [1.0, 0.0]
+
+
+def test_math_verify_worker_ends_with_its_parent(tmp_path):
+    """The worker process math-verify runs in off the main thread ends when the process that
+    started it exits abruptly (as the orchestrator does with its trainer): an orphan kept the
+    trainer pane's output pipe open, so ``vf-rl --wait`` never returned."""
+    script = textwrap.dedent("""
+        import os, sys, threading
+        from vf_rl.env_api import math_rubric
+        out = []
+        thread = threading.Thread(target=lambda: out.append(math_rubric.math_equal("0.5", "1/2")))
+        thread.start(); thread.join()
+        print(out[0], *math_rubric._pool._processes, flush=True)
+        os._exit(0)
+    """)
+    try:  # the output pipe closes only once the worker, which inherited it, is gone too
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the math-verify worker outlived its parent and kept its output pipe open")
+    equal, worker = done.stdout.split()
+    assert equal == "True"
+    for _ in range(600):  # the worker checks its parent every second
+        if not psutil.pid_exists(int(worker)) or psutil.Process(int(worker)).status() == psutil.STATUS_ZOMBIE:
+            break
+        time.sleep(0.1)
+    else:
+        psutil.Process(int(worker)).kill()
+        pytest.fail(f"math-verify worker {worker} outlived its parent")

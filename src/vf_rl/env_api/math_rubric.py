@@ -9,6 +9,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from ..parent_watch import start_parent_watch
 from .parsers import Parser, extract_boxed_answer, last_assistant_text
 from .rubric import Rubric
 
@@ -38,11 +39,13 @@ def _verify(predicted: str, reference: str) -> bool:
 
 def _verify_in_worker(predicted: str, reference: str) -> bool:
     """:func:`_verify` in a worker process's main thread (one spawned worker, started on first use,
-    shared by every thread); a comparison past ``HARD_TIMEOUT_S`` kills the worker and is False."""
+    shared by every thread, ending with this process); a comparison past ``HARD_TIMEOUT_S`` kills
+    the worker and is False."""
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            _pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=start_parent_watch)
         pool = _pool
     try:
         return pool.submit(_verify, predicted, reference).result(timeout=HARD_TIMEOUT_S)

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
-import os
 import pickle
 import sys
 import threading
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from multiprocessing.managers import BaseManager
 from typing import Callable
 
 from vf_rl.env_api import Environment, Rollout
+from vf_rl.parent_watch import start_parent_watch
 
 from .orchestrator import Batch, Orchestrator, report_progress
 
@@ -83,13 +82,6 @@ def _pickles(value) -> bool:
         return False
 
 
-def _exit_with(parent: int) -> None:
-    """Exit this process once ``parent`` (the trainer) is gone, even if it was killed."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os._exit(0)
-
-
 class HostedOrchestrator:
     """The orchestrator as its process holds it; every method is called from the trainer."""
 
@@ -132,7 +124,7 @@ def _build(source, rows: list[dict], kwargs: dict) -> None:
     handlers, which only the main thread can): watch the trainer, build the orchestrator, keep
     it, or the error, for :func:`_get`."""
     global _hosted
-    threading.Thread(target=_exit_with, args=(os.getppid(),), name="vf-rl-parent-watch", daemon=True).start()
+    start_parent_watch()
     try:
         _hosted = HostedOrchestrator(source, rows, kwargs)
     except BaseException as exc:  # raised to the trainer by _get, with this process's traceback
