@@ -180,3 +180,4 @@ def test_math_verify_worker_ends_with_its_parent(tmp_path):
     else:
         psutil.Process(int(worker)).kill()
         pytest.fail(f"math-verify worker {worker} outlived its parent")
+

@@ -26,7 +26,7 @@ from multiprocessing.managers import BaseManager
 from typing import Callable
 
 from vf_rl.env_api import Environment, Rollout
-from vf_rl.parent_watch import start_parent_watch
+from vf_rl.parent_watch import kill_children, start_parent_watch
 
 from .orchestrator import Batch, Orchestrator, report_progress
 
@@ -114,6 +114,7 @@ class HostedOrchestrator:
 
     def close(self) -> None:
         self.orchestrator.close()
+        kill_children()  # what the environment started (a process pool) would outlive this process
 
 
 _hosted: HostedOrchestrator | BaseException | None = None
