@@ -23,8 +23,10 @@ The best TRL side is the one with the most rollouts per second; ratios are again
 
 Environments (``--env``; the offline data shipped with vf-rl):
 ``reverse-text`` (``few_shot = 2``, continuous LCS reward), ``gsm8k`` (the shipped synthetic
-sample, ``few_shot = 2``, binary reward), ``alphabet-sort`` (two model turns per rollout, vf-rl
-side only: TRL's GRPOTrainer has no multi-turn path for it here).
+sample, ``few_shot = 2``, binary reward), ``alphabet-sort`` (two model turns per rollout: TRL's
+side runs the environment's own turn loop through GRPOTrainer's ``rollout_func``, each round
+of turns one batched generate call on its colocated vLLM, or transformers without vLLM; the
+environment's tokens are masked out with ``env_mask`` and the reward is the rubric's).
 
 Output: a table (reward at 2/4/8/16/30 minutes: the mean of the last 3 steps each side finished
 by then; held-out reward before and after; time to reach the best TRL side's final reward;
@@ -65,7 +67,6 @@ class EnvSpec:
     max_tokens: int
     max_seq_len: int
     multi_turn: bool = False
-    vf_rl_only_reason: str = ""
     trainer_args: dict = field(default_factory=dict)
 
 
@@ -74,7 +75,7 @@ ENVS = {
     "gsm8k": EnvSpec({"few_shot": 2, "source": "offline"}, max_tokens=256, max_seq_len=1024),
     "alphabet-sort": EnvSpec({"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1,
                               "max_names_per_turn": 2, "few_shot": 1}, max_tokens=128, max_seq_len=1024,
-                             multi_turn=True, vf_rl_only_reason="multi-turn: TRL's GRPOTrainer side is not built"),
+                             multi_turn=True),
 }
 
 
@@ -233,6 +234,7 @@ def columns(row):
 
 n = opts["prompts"] * (opts["steps"] + 1)
 data = Dataset.from_list([columns(rows[i % len(rows)]) for i in range(n)])
+row_of = {json.dumps(r["prompt"], sort_keys=True): r for r in [*rows, *eval_rows]}  # rollout_func gets prompts only
 
 def rubric_reward(prompts, completions, answer, info, task, **kwargs):
     async def score(p, c, a, i, t):
@@ -241,6 +243,105 @@ def rubric_reward(prompts, completions, answer, info, task, **kwargs):
     async def all_():
         return await asyncio.gather(*(score(*x) for x in zip(prompts, completions, answer, info, task)))
     return list(asyncio.run(all_()))
+
+# --- multi-turn environments: TRL's rollout_func runs the environment's own turn loop -----------------
+from types import SimpleNamespace
+from vf_rl.env_api import Rollout
+from vf_rl.trainer.batching import rollout_to_samples
+
+def template_ids(messages):
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+class TurnClient:
+    """An OpenAI-shaped client for ``env.run_rollout`` whose chat completions TRL's generator
+    samples: the environment's turn loop, replies and stop rules run unchanged, and each round of
+    requests (every unfinished rollout waiting for its next turn) is one batched generate call.
+    ``generate(list of prompt token ids) -> list of (completion ids, logprobs, truncated)``."""
+    def __init__(self, generate):
+        self.generate, self.pending = generate, []
+        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
+    async def create(self, model, messages, **kwargs):
+        ids = template_ids(messages)
+        future = asyncio.get_running_loop().create_future()
+        self.pending.append((ids, future))
+        return await future
+    async def serve(self, tasks):
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(0)
+            if self.pending and len(self.pending) == sum(not t.done() for t in tasks):
+                batch, self.pending = self.pending, []
+                for (ids, future), (out, lps, cut) in zip(batch, self.generate([ids for ids, _ in batch])):
+                    text = tokenizer.decode(out, skip_special_tokens=True)
+                    logprobs = SimpleNamespace(content=[SimpleNamespace(logprob=x) for x in lps])
+                    choice = SimpleNamespace(token_ids=out, logprobs=logprobs,
+                                             message=SimpleNamespace(content=text, tool_calls=None),
+                                             finish_reason="length" if cut else "stop")
+                    future.set_result(SimpleNamespace(prompt_token_ids=ids, choices=[choice]))
+
+def vllm_generate(trainer):
+    def generate(prompt_ids):
+        _, outs, logprobs, _ = trainer.vllm_generation.generate(prompts=prompt_ids, images=None, num_generations=1)
+        return [(list(o), [lp[0] for lp in l], len(o) >= opts["max_tokens"] and o[-1] not in eos_ids)
+                for o, l in zip(outs, logprobs)]
+    return generate
+
+def hf_generate(model):
+    """Sampling with transformers (no vLLM: the CPU), log-probs from the sampling scores."""
+    left = AutoTokenizer.from_pretrained(opts["model"], padding_side="left")
+    def generate(prompt_ids):
+        enc = left.pad({"input_ids": prompt_ids}, return_tensors="pt").to(model.device)
+        with torch.no_grad():
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=opts["max_tokens"],
+                                 output_scores=True, return_dict_in_generate=True, pad_token_id=left.pad_token_id)
+        new = out.sequences[:, enc["input_ids"].shape[1]:]
+        logps = torch.stack([torch.log_softmax(x.float(), -1) for x in out.scores], 1).gather(-1, new[..., None])[..., 0]
+        result = []
+        for ids, lps in zip(new.tolist(), logps.tolist()):
+            end = next((i + 1 for i, t in enumerate(ids) if t in eos_ids), None)
+            result.append((ids[:end or len(ids)], lps[:end or len(ids)], end is None))
+        return result
+    return generate
+
+eos_ids = {tokenizer.eos_token_id}
+
+def run_turns(prompts, generate):
+    """One rollout of the environment per prompt (message list), scored by its rubric."""
+    async def run():
+        client, semaphore = TurnClient(generate), asyncio.Semaphore(len(prompts))
+        sampling = {"max_tokens": opts["max_tokens"], "temperature": 1.0}
+        tasks = []
+        for i, prompt in enumerate(prompts):
+            row = row_of[json.dumps(prompt, sort_keys=True)]
+            rollout = Rollout(example_id=i, prompt=prompt, answer=row.get("answer"), info=row.get("info") or {},
+                              task=row.get("task"))
+            tasks.append(asyncio.ensure_future(env.run_rollout(client, "policy", rollout, sampling, semaphore)))
+        await client.serve(tasks)
+        return [t.result() for t in tasks]
+    return asyncio.run(run())
+
+def multi_turn_rollouts(prompts, trainer):
+    """TRL's ``rollout_func``: the turns of each rollout as one completion, the environment's
+    tokens masked out (``env_mask`` 0); the turns that extend one another (vf-rl's
+    ``rollout_to_samples``: its first sample), the rollout's reward as an extra field."""
+    generate = vllm_generate(trainer) if trainer.use_vllm else hf_generate(trainer.accelerator.unwrap_model(trainer.model))
+    out = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "rollout_reward")}
+    for r in run_turns(prompts, generate):
+        if r.turns:
+            sample = rollout_to_samples(r.turns, 0.0, 10 ** 9)[0]
+            p = len(r.turns[0].prompt_ids)
+            ids, mask, lps = sample.input_ids[p:], sample.loss_mask[p:], sample.sampling_logprobs[p:]
+        else:  # the rollout failed before its first turn: one end token, reward 0
+            p, ids, mask, lps = None, [tokenizer.eos_token_id], [1], [0.0]
+        out["prompt_ids"].append(list(r.turns[0].prompt_ids) if r.turns else template_ids(r.prompt))
+        out["completion_ids"].append(ids)
+        out["env_mask"].append(mask)
+        out["logprobs"].append(lps)
+        out["rollout_reward"].append(r.reward)
+    return out
+
+def rollout_reward(prompts, completions, rollout_reward, **kwargs):
+    return list(rollout_reward)
 
 records, evals, clock = [], {}, {"start": None, "first_end": None, "eval_s": 0.0}
 class Clock(TrainerCallback):
@@ -278,8 +379,10 @@ if opts["trl_vllm"] != "none":
 config = GRPOConfig(**kwargs)
 lora = LoraConfig(r=opts["lora_rank"], lora_alpha=opts["lora_alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-trainer = GRPOTrainer(model=opts["model"], reward_funcs=rubric_reward, args=config, train_dataset=data,
-                      processing_class=tokenizer, peft_config=lora, callbacks=[Clock()])
+multi_turn = opts["multi_turn"]
+trainer = GRPOTrainer(model=opts["model"], reward_funcs=rollout_reward if multi_turn else rubric_reward, args=config,
+                      train_dataset=data, processing_class=tokenizer, peft_config=lora, callbacks=[Clock()],
+                      rollout_func=multi_turn_rollouts if multi_turn else None)
 if opts["trl_vllm"] == "server":
     # TRL 1.16, server mode with LoRA: its generator yields views of the merged weights and unmerges after the
     # last one, while vLLM's packed NCCL broadcast concatenates the views only when the generator is exhausted,
@@ -295,6 +398,13 @@ def held_out_reward() -> float:
     model = trainer.accelerator.unwrap_model(trainer.model)
     was_training = model.training
     model.eval()
+    if multi_turn:  # the environment's turns, sampled as in training
+        if trainer.use_vllm:
+            trainer.vllm_generation.sync_weights()
+        generate = vllm_generate(trainer) if trainer.use_vllm else hf_generate(model)
+        done = run_turns([r["prompt"] for r in eval_rows for _ in range(opts["eval_rollouts"])], generate)
+        model.train(was_training)
+        return sum(r.reward for r in done) / len(done)
     left = AutoTokenizer.from_pretrained(opts["model"], padding_side="left")
     rewards = []
     for i in range(0, len(eval_rows), 16):
@@ -349,7 +459,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     trl_out.mkdir(parents=True, exist_ok=True)
     options = trl_options(side)
     args = {**vars(opts), "out": str(trl_out), "env_args": spec.args, "max_seq_len": spec.max_seq_len,
-            "trl_options": options}
+            "trl_options": options, "multi_turn": spec.multi_turn}
     env = dict(os.environ)
     server = None
     if opts.device == "gpu":
@@ -540,8 +650,6 @@ def main(argv=None) -> int:
                     trl_options(side)
                 except ValueError as exc:
                     p.error(str(exc))
-                if spec.vf_rl_only_reason:
-                    p.error(f"--env {opts.env}: vf-rl side only ({spec.vf_rl_only_reason})")
         out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-learning-"))
         out.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}

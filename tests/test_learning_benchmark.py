@@ -76,9 +76,24 @@ def test_trl_side_names():
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--sides", "vf-rl,trl-fast"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "trl-fast" in out.stderr
-    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "alphabet-sort"],
-                         capture_output=True, text=True)
-    assert out.returncode == 2 and "vf-rl side only" in out.stderr
+
+
+@pytest.mark.slow
+def test_trl_side_runs_a_multi_turn_environment(tmp_path):
+    """alphabet-sort's TRL side: GRPOTrainer's rollout_func runs the environment's two turns
+    (transformers sampling on the CPU), scores them with its rubric, and evaluates held-out rows."""
+    path = tmp_path / "result.json"
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "alphabet-sort",
+                          "--device", "cpu", "--sides", "trl", "--minutes", "0.05", "--steps", "2", "--prompts", "2",
+                          "--rollouts", "2", "--max-tokens", "32", "--eval-examples", "1", "--eval-rollouts", "2",
+                          "--out", str(tmp_path / "run"), "--json", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    side = json.loads(path.read_text())["sides"]["trl"]
+    rewards = [p[2] for p in side["points"] if p[2] is not None]
+    assert rewards and all(0.0 <= r <= 1.0 for r in rewards)
+    assert side["summary"]["eval_before"] is not None and side["summary"]["eval_after"] is not None
+    log = (tmp_path / "run" / "trl" / "trl.log").read_text()
+    assert "rollout_func" in log  # TRL's experimental-feature warning: the multi-turn path ran
 
 
 def test_stability_rule(tmp_path):
