@@ -99,11 +99,12 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     """The learning benchmarks' whole-GPU peaks (trainer and vLLM, one shared H100 or two) against
     the estimate the pre-flight makes for the run's own config (the same model shape), with the
     environment's prompts (mean tokens, as the orchestrator renders them) and every completion at
-    ``max_tokens``: the trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its
-    GPUs."""
+    ``max_tokens`` (a multi-turn environment: the bound of ``max_seq_len`` tokens per sample): the
+    trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its GPUs."""
     from transformers import AutoTokenizer
 
     from vf_rl.config.schema import load_config
+    from vf_rl.env_api import MultiTurnEnv
     from vf_rl.env_api.registry import load_environment
     from vf_rl.memory import CUDA_OVERHEAD_BYTES, estimate_for_run, inference_bytes
 
@@ -122,8 +123,13 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
                                                      return_dict=True)["input_ids"])
                    for row in env.dataset.select(range(min(len(env.dataset), 500)))]
         prompt, completion = sum(prompts) / len(prompts), run["trainer"]["args"]["max_tokens"]
-        trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt)
-        assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
+        if isinstance(env, MultiTurnEnv) and env.max_turns > 1:
+            # several turns and the environment's replies: only max_seq_len bounds a sample, as in the
+            # pre-flight's bound_max_seq_len
+            trainer = estimate_for_run(config, shape)
+        else:
+            trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt)
+            assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
         vllm = inference_bytes(config) * (1 if config.inference.shared else config.inference.gpus)
         errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1
     assert len(errors) >= 6
