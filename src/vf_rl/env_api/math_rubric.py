@@ -6,7 +6,6 @@ import asyncio
 import multiprocessing
 import threading
 from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from ..parent_watch import start_parent_watch
@@ -27,11 +26,11 @@ def _verify(predicted: str, reference: str) -> bool:
     """math-verify's verdict, with its own ``SIGALRM`` timeouts: call only from a main thread."""
     from math_verify import parse, verify
 
+    def parsed(text: str):  # as LaTeX math first, else as written
+        return parse(f"${text}$", parsing_timeout=VERIFY_TIMEOUT_S) or parse(text, parsing_timeout=VERIFY_TIMEOUT_S)
+
     try:
-        gold = parse(f"${reference}$", parsing_timeout=VERIFY_TIMEOUT_S) or parse(
-            reference, parsing_timeout=VERIFY_TIMEOUT_S)
-        answer = parse(f"${predicted}$", parsing_timeout=VERIFY_TIMEOUT_S) or parse(
-            str(predicted), parsing_timeout=VERIFY_TIMEOUT_S)
+        gold, answer = parsed(reference), parsed(predicted)
         return bool(gold and answer and verify(gold, answer, timeout_seconds=VERIFY_TIMEOUT_S))
     except BaseException:  # math-verify's TimeoutException derives from BaseException
         return False
@@ -49,7 +48,7 @@ def _verify_in_worker(predicted: str, reference: str) -> bool:
         pool = _pool
     try:
         return pool.submit(_verify, predicted, reference).result(timeout=HARD_TIMEOUT_S)
-    except (FutureTimeout, Exception):
+    except Exception:  # a timeout (concurrent.futures.TimeoutError) or a broken worker
         with _pool_lock:
             if _pool is pool:
                 for process in list(getattr(pool, "_processes", {}).values()):
