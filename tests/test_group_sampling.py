@@ -12,7 +12,7 @@ import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
-from vf_rl.env_api import SingleTurnEnv, load_environment
+from vf_rl.env_api import MultiTurnEnv, Rubric, SingleTurnEnv, load_environment
 from vf_rl.env_api.environment import Environment
 from vf_rl.env_api.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
@@ -119,6 +119,83 @@ def test_an_overridden_rollout_keeps_one_request_per_rollout(server):
     assert calls == [0, 0, 0] and all(r.error is None and r.turns for r in rollouts)
 
 
+class GoOn(MultiTurnEnv):
+    """Three model turns, the environment answering "Go on." between them; a row whose question
+    is "Done." is complete before any turn. Replies end at the first space or newline."""
+
+    async def is_completed(self, messages, state, **kwargs):
+        return state["prompt"][-1]["content"] == "Done." or state["turn"] >= 3
+
+    async def env_response(self, messages, state, **kwargs):
+        return [{"role": "user", "content": "Go on."}]
+
+
+def go_on(rows, cls=GoOn):
+    def turns(completion, **kwargs):
+        return float(sum(m["role"] == "assistant" for m in completion))
+
+    return cls(dataset=Dataset.from_list(list(rows)), rubric=Rubric(funcs=[turns]))
+
+
+@pytest.mark.server
+def test_multi_turn_group_path_matches_the_chat_path_turn_for_turn(server):
+    """Greedy, one rollout per row: the group request's first turn and the chat completions after
+    it give the same turns (prompt ids, completion ids, log-probs), history and reward as a chat
+    completion per turn."""
+    env = go_on([{"question": q, "answer": ""} for q in ("Name a colour.", "Name a fruit.")])
+    rows = [dict(r) for r in env.get_dataset()]
+    sampling = {"max_tokens": 24, "temperature": 0.0, "stop": [" ", "\n"]}
+    group = generate(server, env, rows, 1, sampling)
+    chat = generate(server, env, rows, 1, sampling, path=Environment.generate)
+    for g, c in zip(group, chat):
+        assert g.error is None and c.error is None, (g.error, c.error)
+        assert len(g.turns) == len(c.turns) == 3 and g.reward == c.reward == 3.0
+        for gt, ct in zip(g.turns, c.turns):
+            assert gt.prompt_ids == ct.prompt_ids and gt.completion_ids == ct.completion_ids
+            assert gt.completion_logprobs == pytest.approx(ct.completion_logprobs, abs=1e-3)
+        assert g.completion == c.completion and g.state["turn"] == c.state["turn"] == 3
+
+
+@pytest.mark.server
+def test_multi_turn_group_samples_each_first_turn_then_goes_on_alone(server):
+    """Four seeded rollouts per row: distinct first turns (one request, one seed per child, where
+    four seeded chat requests would be the same), each rollout then runs its own later turns; a
+    row complete before any turn gets no turn and is still scored."""
+    env = go_on([{"question": "Name a colour.", "answer": ""},
+                 {"question": "Done.", "answer": ""}])
+    rows = [dict(r) for r in env.get_dataset()]
+    rollouts = generate(server, env, rows, 4, {"max_tokens": 24, "temperature": 1.0, "seed": 11,
+                                              "stop": [" ", "\n"]})
+    assert [r.example_id for r in rollouts] == [0] * 4 + [1] * 4
+    first, done = rollouts[:4], rollouts[4:]
+    assert all(r.error is None for r in rollouts), [r.error for r in rollouts]
+    assert len({tuple(r.turns[0].completion_ids) for r in first}) > 1
+    for r in first:
+        assert not r.is_truncated and len(r.turns) == 3 and r.reward == 3.0
+        assert [m["role"] for m in r.completion] == ["assistant", "user"] * 2 + ["assistant"]
+        assert r.turns[1].prompt_ids[:len(r.turns[0].prompt_ids)] == r.turns[0].prompt_ids
+    assert all(r.turns == [] and r.completion == [] and r.reward == 0.0 for r in done)
+
+
+@pytest.mark.server
+def test_multi_turn_with_its_own_turn_args_keeps_chat_completions(server):
+    """A MultiTurnEnv whose ``turn_args`` adds arguments (as ToolEnv adds tools) samples every
+    turn as a chat completion with them: four seeded rollouts share their first turn."""
+    seen = []
+
+    class OwnArgs(GoOn):
+        def turn_args(self, sampling_args):
+            seen.append(dict(sampling_args))
+            return sampling_args
+
+    env = go_on([{"question": "Name a colour.", "answer": ""}], OwnArgs)
+    rollouts = generate(server, env, [env.get_dataset()[0]], 4,
+                        {"max_tokens": 24, "temperature": 1.0, "seed": 11, "stop": [" ", "\n"]})
+    assert all(r.error is None for r in rollouts), [r.error for r in rollouts]
+    assert len(seen) == sum(len(r.turns) for r in rollouts) >= 4
+    assert len({tuple(r.turns[0].completion_ids) for r in rollouts}) == 1
+
+
 def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
     env = reverse_text()
     source = env_source(env)
@@ -126,8 +203,6 @@ def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
 
     def reward(completion, **kwargs):  # a local function: pickles by reference, which fails
         return 1.0
-
-    from vf_rl.env_api import Rubric
 
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
     assert env_source(local) is None
@@ -138,8 +213,6 @@ def test_env_source_prefers_the_recipe_and_refuses_what_cannot_be_sent():
 def test_start_orchestrator_falls_back_to_a_thread_and_says_why(capsys):
     def reward(completion, **kwargs):
         return 1.0
-
-    from vf_rl.env_api import Rubric
 
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
     options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,

@@ -296,16 +296,14 @@ class SingleTurnEnv(Environment):
                        timeout: float | None = None, on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """As :meth:`Environment.generate`; ``max_concurrent`` rollouts in flight are
         ``max_concurrent // rollouts_per_example`` group requests (at least one)."""
-        from .group_sampling import SingleTurnGroups, completion_args
+        from .group_sampling import SingleTurnGroups, group_request_args
 
-        split = completion_args(merge_sampling_args(self.sampling_args, sampling_args))
-        greedy_group = split is not None and rollouts_per_example > 1 and split[0].get("temperature") == 0
-        if split is None or greedy_group or type(self).rollout is not SingleTurnEnv.rollout:  # vLLM: greedy needs n = 1
+        split = group_request_args(self, client, sampling_args, rollouts_per_example)
+        if split is None or type(self).rollout is not SingleTurnEnv.rollout:
             return await super().generate(client, model, rows, rollouts_per_example, sampling_args, max_concurrent,
                                           timeout, on_done)
-        cache = self.__dict__.setdefault("_prompt_ids", {}).setdefault(str(client.base_url), {})
-        return await SingleTurnGroups(self, *split, cache).generate(client, model, rows, rollouts_per_example,
-                                                                   sampling_args, max_concurrent, timeout, on_done)
+        return await SingleTurnGroups(self, *split).generate(client, model, rows, rollouts_per_example,
+                                                            sampling_args, max_concurrent, timeout, on_done)
 
     async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
         message, turn, truncated = await self.call_model(client, model, rollout.prompt, sampling_args)

@@ -1,5 +1,7 @@
 """Rollouts group by group: :class:`GroupRunner` (every row's group as one call, a bounded number
-at a time, errors per group), and :class:`GroupSampler`, one request per single-turn group.
+at a time, errors per group), and :class:`GroupSampler`, one request per group's shared prompt: a
+single-turn group (:class:`SingleTurnGroups`) or a multi-turn group's first turn
+(:class:`MultiTurnGroups`).
 
 A single-turn environment asks the same prompt ``r`` times. Sent as ``r`` chat completions, vLLM's
 API server renders and tokenizes the prompt ``r`` times, schedules ``r`` requests, and the client
@@ -22,7 +24,7 @@ import inspect
 import json
 from typing import Any
 
-from .environment import Rollout, prompt_messages, row_info, set_error
+from .environment import Rollout, merge_sampling_args, prompt_messages, row_info, set_error
 from .errors import ModelServerError
 from .parsers import Messages
 
@@ -49,6 +51,18 @@ def completion_args(sampling_args: dict) -> tuple[dict, dict] | None:
         return None
     template = {k: extra.pop(k) for k in list(extra) if k in TEMPLATE_KEYS}
     return {**args, **extra}, template
+
+
+def group_request_args(env, client, sampling_args: dict, r: int) -> tuple[dict, dict, dict] | None:
+    """``(completion arguments, template arguments, rendered-prompt cache)`` for sampling
+    ``env``'s groups of ``r`` as one request each, or ``None`` when they cannot be: an argument
+    without a completion equivalent (:func:`completion_args`), or greedy decoding with ``r > 1``
+    (vLLM takes ``n > 1`` only when sampling). The cache is the environment's, per server."""
+    split = completion_args(merge_sampling_args(env.sampling_args, sampling_args))
+    if split is None or (r > 1 and split[0].get("temperature") == 0):
+        return None
+    cache = env.__dict__.setdefault("_prompt_ids", {}).setdefault(str(client.base_url), {})
+    return (*split, cache)
 
 
 class GroupSampler:
@@ -212,6 +226,48 @@ class SingleTurnGroups(GroupRunner):
 
     async def _score(self, rollout: Rollout) -> None:
         try:
+            await self.env.score(rollout)
+        except Exception as exc:
+            set_error(rollout, exc)
+
+
+class MultiTurnGroups(GroupRunner):
+    """A multi-turn environment's groups: the first model turn of a group's rollouts (one prompt)
+    is one request with ``n`` children (:class:`GroupSampler`), then each rollout goes on alone
+    (``env.rollout`` with that first turn: a chat completion per later turn) and is scored; a
+    later turn's or a reward function's error is that rollout's alone.
+
+    Args:
+        env: a ``MultiTurnEnv`` that uses its own ``rollout`` and ``turn_args``.
+        args, template_args, cache: from :func:`group_request_args`.
+    """
+
+    def __init__(self, env, args: dict, template_args: dict, cache: dict[str, list[int]]):
+        self.env, self.args, self.template_args, self.cache = env, args, template_args, cache
+
+    def _start(self, client, model: str, sampling_args: dict) -> tuple:
+        chat_args = merge_sampling_args(self.env.sampling_args, sampling_args)
+        return GroupSampler(client, self.cache), client, model, chat_args
+
+    async def _run_group(self, context: tuple, row: dict, index: int, r: int) -> list[Rollout]:
+        sampler, client, model, chat_args = context
+        rollouts = self.env.new_rollouts([row], r)
+        for rollout in rollouts:
+            rollout.example_id = index
+            await self.env.init_state(rollout)
+        prompt = [dict(m) for m in rollouts[0].prompt]
+        started = [x for x in rollouts if not await self.env._maybe_await(self.env.is_completed(prompt, x.state))]
+        first = await sampler.sample(model, prompt, len(started), self.args, self.template_args) if started else []
+        firsts = dict(zip(map(id, started), first))
+        await asyncio.gather(*(self._finish(client, model, x, chat_args, firsts.get(id(x))) for x in rollouts))
+        return rollouts
+
+    async def _finish(self, client, model: str, rollout: Rollout, chat_args: dict, first_turn) -> None:
+        try:
+            if first_turn is not None:
+                await self.env.rollout(client, model, rollout, chat_args, first_turn=first_turn)
+            else:  # done before any turn
+                rollout.completion = []
             await self.env.score(rollout)
         except Exception as exc:
             set_error(rollout, exc)

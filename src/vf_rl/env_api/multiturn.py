@@ -54,20 +54,56 @@ class MultiTurnEnv(Environment):
     async def _maybe_await(value):
         return await value if inspect.isawaitable(value) else value
 
-    async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict) -> None:
-        messages = [dict(m) for m in rollout.prompt]
+    async def generate(self, client, model: str, rows: list[dict], rollouts_per_example: int,
+                       sampling_args: dict, max_concurrent: int = 1024, timeout: float | None = None,
+                       on_done=None) -> list[Rollout]:
+        """As :meth:`Environment.generate`. A group's first model turn (the same prompt
+        ``rollouts_per_example`` times) is one request with ``n`` children
+        (:class:`~.group_sampling.MultiTurnGroups`); later turns, whose histories differ, are one
+        chat completion per rollout. Every turn is a chat completion instead when a subclass
+        overrides ``rollout`` or ``turn_args`` (tools), or the sampling arguments have no group
+        request (:func:`~.group_sampling.group_request_args`)."""
+        from .group_sampling import MultiTurnGroups, group_request_args
+
+        split = group_request_args(self, client, sampling_args, rollouts_per_example)
+        if (split is None or type(self).rollout is not MultiTurnEnv.rollout
+                or type(self).turn_args is not MultiTurnEnv.turn_args):
+            return await super().generate(client, model, rows, rollouts_per_example, sampling_args,
+                                          max_concurrent, timeout, on_done)
+        return await MultiTurnGroups(self, *split).generate(client, model, rows, rollouts_per_example,
+                                                            sampling_args, max_concurrent, timeout, on_done)
+
+    async def init_state(self, rollout: Rollout) -> dict:
+        """Set up ``rollout.state`` before the first turn (``turn`` 0, ``answer``, ``info``,
+        ``prompt``, then :meth:`setup_state`) and return it."""
         state = rollout.state
         state.update(turn=0, answer=rollout.answer, info=rollout.info, prompt=rollout.prompt)
-        state = await self._maybe_await(self.setup_state(state)) or state
-        rollout.state = state
-        while not await self._maybe_await(self.is_completed(messages, state)):
-            try:
-                message, turn, truncated = await self.call_model(client, model, messages, self.turn_args(sampling_args))
-            except openai.BadRequestError as exc:  # the history outgrew the server's max_model_len (= max_seq_len)
-                if not rollout.turns or not context_too_long(exc):
-                    raise
-                rollout.is_truncated = True
-                break
+        rollout.state = await self._maybe_await(self.setup_state(state)) or state
+        return rollout.state
+
+    async def rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
+                      first_turn: tuple[dict, Any, bool] | None = None) -> None:
+        """Run the rollout's turns in place (``completion``, ``turns``, ``state``, ``is_truncated``).
+
+        Args:
+            first_turn: the first model call's ``(assistant message, turn, truncated)``, as
+                :meth:`call_model` returns it, when it was sampled already (group sampling);
+                the state is then set up already (:meth:`init_state`).
+        """
+        messages = [dict(m) for m in rollout.prompt]
+        state = rollout.state if first_turn is not None else await self.init_state(rollout)
+        while first_turn is not None or not await self._maybe_await(self.is_completed(messages, state)):
+            if first_turn is not None:
+                (message, turn, truncated), first_turn = first_turn, None
+            else:
+                try:
+                    message, turn, truncated = await self.call_model(client, model, messages,
+                                                                     self.turn_args(sampling_args))
+                except openai.BadRequestError as exc:  # the history outgrew the server's max_model_len (= max_seq_len)
+                    if not rollout.turns or not context_too_long(exc):
+                        raise
+                    rollout.is_truncated = True
+                    break
             messages.append(message)
             rollout.turns.append(turn)
             state["turn"] += 1
