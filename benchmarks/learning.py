@@ -363,8 +363,9 @@ class Clock(TrainerCallback):
             print("learning-record", json.dumps(records[-1]), flush=True)  # progress, kept in the side's log
 
 batch = opts["prompts"] * opts["rollouts"]
+micro = opts["trl_micro_batch"] or batch  # TRL generates per_device_train_batch_size * gradient_accumulation_steps
 on_gpu = opts["device"] == "gpu"
-kwargs = dict(output_dir=opts["out"], per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+kwargs = dict(output_dir=opts["out"], per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
               num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0, top_p=1.0,
               learning_rate=opts["lr"], lr_scheduler_type="constant", beta=0.0, loss_type="cispo", epsilon_high=8.0,
               scale_rewards="none", max_grad_norm=1.0, gradient_checkpointing=False, max_steps=opts["steps"],
@@ -612,6 +613,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=128, help="vf-rl's micro_batch_size")
+    p.add_argument("--trl-micro-batch", type=int, default=None, help="TRL's per_device_train_batch_size, gradient "
+                   "accumulation making up the step (default: the whole step, prompts x rollouts)")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the environment's (reverse-text 128)")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=32)
@@ -644,6 +647,9 @@ def main(argv=None) -> int:
         opts.max_tokens = opts.max_tokens or spec.max_tokens
         opts.trl_vllm = opts.trl_vllm or ("colocate" if opts.device == "gpu" else "none")
         sides = opts.sides.split(",")
+        step = opts.prompts * opts.rollouts
+        if opts.trl_micro_batch is not None and (opts.trl_micro_batch < 1 or step % opts.trl_micro_batch):
+            p.error(f"--trl-micro-batch must divide the step's {step} rollouts, got {opts.trl_micro_batch}")
         for side in sides:
             if side != "vf-rl":
                 try:

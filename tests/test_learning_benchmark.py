@@ -81,12 +81,14 @@ def test_trl_side_names():
 @pytest.mark.slow
 def test_trl_side_runs_a_multi_turn_environment(tmp_path):
     """alphabet-sort's TRL side: GRPOTrainer's rollout_func runs the environment's two turns
-    (transformers sampling on the CPU), scores them with its rubric, and evaluates held-out rows."""
+    (transformers sampling on the CPU), scores them with its rubric, and evaluates held-out rows; each
+    step of 4 rollouts trains as 2 micro batches of 2 (--trl-micro-batch, gradient accumulation)."""
     path = tmp_path / "result.json"
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "alphabet-sort",
                           "--device", "cpu", "--sides", "trl", "--minutes", "0.05", "--steps", "2", "--prompts", "2",
-                          "--rollouts", "2", "--max-tokens", "32", "--eval-examples", "1", "--eval-rollouts", "2",
-                          "--out", str(tmp_path / "run"), "--json", str(path)], capture_output=True, text=True)
+                          "--rollouts", "2", "--trl-micro-batch", "2", "--max-tokens", "32", "--eval-examples", "1",
+                          "--eval-rollouts", "2", "--out", str(tmp_path / "run"), "--json", str(path)],
+                         capture_output=True, text=True)
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     side = json.loads(path.read_text())["sides"]["trl"]
     rewards = [p[2] for p in side["points"] if p[2] is not None]
@@ -94,6 +96,14 @@ def test_trl_side_runs_a_multi_turn_environment(tmp_path):
     assert side["summary"]["eval_before"] is not None and side["summary"]["eval_after"] is not None
     log = (tmp_path / "run" / "trl" / "trl.log").read_text()
     assert "rollout_func" in log  # TRL's experimental-feature warning: the multi-turn path ran
+    assert [p[1] for p in side["points"] if p[2] is not None] == [1, 2]  # optimizer steps, not micro batches
+
+
+def test_trl_micro_batch_must_divide_the_step():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--sides", "trl",
+                          "--prompts", "16", "--rollouts", "8", "--trl-micro-batch", "48"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "--trl-micro-batch must divide the step's 128 rollouts" in out.stderr
 
 
 def test_stability_rule(tmp_path):
