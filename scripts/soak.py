@@ -35,7 +35,7 @@ from pathlib import Path
 import tomli_w
 
 from vf_rl.config.schema import load_config
-from vf_rl.inference.supervision import kill_tree
+from vf_rl.parent_watch import kill_tree
 
 
 def jsonl(path: Path) -> list[dict]:

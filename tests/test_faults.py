@@ -21,7 +21,8 @@ import pytest
 from conftest import free_port, start_server, write_cpu_config
 
 from vf_rl.config.schema import load_config
-from vf_rl.inference.supervision import kill_tree, supervised_shell
+from vf_rl.inference.supervision import supervised_shell
+from vf_rl.parent_watch import kill_tree
 
 
 def launch(config: Path, session: str, cwd: Path, timeout: float = 900) -> subprocess.Popen:

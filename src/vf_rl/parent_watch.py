@@ -13,15 +13,25 @@ import threading
 import time
 
 
-def kill_children() -> None:
-    """Kill every process this one started, and theirs (``SIGKILL``)."""
+def kill_tree(pid: int, include_root: bool = True) -> None:
+    """``SIGKILL`` every process below ``pid`` and, with ``include_root``, ``pid`` itself (as an
+    OOM kill of a server and its engine processes would). Processes already gone are skipped.
+
+    Raises:
+        psutil.NoSuchProcess: ``pid`` does not exist."""
     import psutil
 
-    for child in psutil.Process().children(recursive=True):
+    root = psutil.Process(pid)
+    for process in [*root.children(recursive=True), *([root] if include_root else [])]:
         try:
-            child.kill()
+            process.kill()
         except psutil.Error:
             pass  # gone already
+
+
+def kill_children() -> None:
+    """Kill every process this one started, and theirs (``SIGKILL``)."""
+    kill_tree(os.getpid(), include_root=False)
 
 
 def exit_with(parent: int, period_s: float = 1.0) -> None:

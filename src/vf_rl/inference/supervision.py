@@ -82,18 +82,3 @@ def check_server_alive() -> None:
     status = final_exit_status()
     if status is not None:
         raise ServerExited(exited_message(status))
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL process ``pid`` and every process below it, as an OOM kill of the server and its
-    engine processes would (the soak script and the tests use it; ``psutil`` needed)."""
-    import signal
-
-    import psutil
-
-    root = psutil.Process(pid)
-    for process in [*root.children(recursive=True), root]:
-        try:
-            process.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
