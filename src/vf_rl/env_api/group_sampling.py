@@ -198,18 +198,21 @@ class GroupRunner:
         return [rollout for group in groups for rollout in group]
 
 
-class SingleTurnGroups(GroupRunner):
-    """A single-turn environment's groups, each sampled with one request (:class:`GroupSampler`)
-    and scored rollout by rollout (a reward function's error is that rollout's alone).
+class GroupRequests(GroupRunner):
+    """A :class:`GroupRunner` whose groups share one sampling request per prompt.
 
     Args:
         env: the environment (its ``rubric`` scores, its ``new_rollouts`` shapes the rollouts).
-        args, template_args: from :func:`completion_args`.
-        cache: the environment's rendered-prompt cache for this server.
+        args, template_args, cache: from :func:`group_request_args`.
     """
 
     def __init__(self, env, args: dict, template_args: dict, cache: dict[str, list[int]]):
         self.env, self.args, self.template_args, self.cache = env, args, template_args, cache
+
+
+class SingleTurnGroups(GroupRequests):
+    """A single-turn environment's groups, each sampled with one request (:class:`GroupSampler`)
+    and scored rollout by rollout (a reward function's error is that rollout's alone)."""
 
     def _start(self, client, model: str, sampling_args: dict) -> tuple[GroupSampler, str]:
         return GroupSampler(client, self.cache), model
@@ -231,19 +234,12 @@ class SingleTurnGroups(GroupRunner):
             set_error(rollout, exc)
 
 
-class MultiTurnGroups(GroupRunner):
+class MultiTurnGroups(GroupRequests):
     """A multi-turn environment's groups: the first model turn of a group's rollouts (one prompt)
     is one request with ``n`` children (:class:`GroupSampler`), then each rollout goes on alone
     (``env.rollout`` with that first turn: a chat completion per later turn) and is scored; a
-    later turn's or a reward function's error is that rollout's alone.
-
-    Args:
-        env: a ``MultiTurnEnv`` that uses its own ``rollout`` and ``turn_args``.
-        args, template_args, cache: from :func:`group_request_args`.
-    """
-
-    def __init__(self, env, args: dict, template_args: dict, cache: dict[str, list[int]]):
-        self.env, self.args, self.template_args, self.cache = env, args, template_args, cache
+    later turn's or a reward function's error is that rollout's alone. ``env`` is a
+    ``MultiTurnEnv`` that uses its own ``rollout`` and ``turn_args``."""
 
     def _start(self, client, model: str, sampling_args: dict) -> tuple:
         chat_args = merge_sampling_args(self.env.sampling_args, sampling_args)
@@ -256,10 +252,11 @@ class MultiTurnGroups(GroupRunner):
             rollout.example_id = index
             await self.env.init_state(rollout)
         prompt = [dict(m) for m in rollouts[0].prompt]
-        started = [x for x in rollouts if not await self.env._maybe_await(self.env.is_completed(prompt, x.state))]
-        first = await sampler.sample(model, prompt, len(started), self.args, self.template_args) if started else []
-        firsts = dict(zip(map(id, started), first))
-        await asyncio.gather(*(self._finish(client, model, x, chat_args, firsts.get(id(x))) for x in rollouts))
+        opens = [not await self.env._maybe_await(self.env.is_completed(prompt, x.state)) for x in rollouts]
+        samples = iter(await sampler.sample(model, prompt, sum(opens), self.args, self.template_args)
+                       if any(opens) else [])
+        await asyncio.gather(*(self._finish(client, model, x, chat_args, next(samples) if open_ else None)
+                               for x, open_ in zip(rollouts, opens)))
         return rollouts
 
     async def _finish(self, client, model: str, rollout: Rollout, chat_args: dict, first_turn) -> None:
