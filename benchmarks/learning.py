@@ -87,8 +87,9 @@ def default_model() -> str:
 class PeakSampler:
     """Peak memory in bytes, sampled every ``period`` seconds in a thread.
 
-    ``gpu``: ``nvidia-smi``'s memory in use, summed over the GPUs, above what was in use when
-    the sampler started. Otherwise the summed RSS of the processes whose command line contains
+    ``gpu``: ``nvidia-smi``'s memory in use, summed over the GPUs this process sees
+    (``CUDA_VISIBLE_DEVICES`` when set, so that runs on other GPUs of the host do not count),
+    above what was in use when the sampler started. Otherwise the summed RSS of the processes whose command line contains
     ``marker`` and their children (shared pages count once per process)."""
 
     def __init__(self, gpu: bool, marker: str = "", period: float = 1.0):
@@ -102,8 +103,9 @@ class PeakSampler:
 
     @staticmethod
     def _gpu_used() -> int:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True).stdout
+        ids = os.environ.get("CUDA_VISIBLE_DEVICES")
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
+                              *([f"--id={ids}"] if ids else [])], capture_output=True, text=True).stdout
         return sum(int(x) for x in out.split()) * 2**20
 
     def _rss(self) -> int:
@@ -439,8 +441,15 @@ Path(opts["out"], "trl.json").write_text(json.dumps({"records": records, "evals"
 '''
 
 
+def visible_gpus() -> list[str]:
+    """The GPU ids this benchmark may use: ``CUDA_VISIBLE_DEVICES`` when set (two runs side by
+    side on one host, each on its own GPUs), else ``["0", "1"]``."""
+    return [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if g.strip()]
+
+
 def start_trl_server(opts, out: Path) -> subprocess.Popen:
-    """``trl vllm-serve`` on GPU 0 (TRL's own server, weight updates over NCCL) for ``--trl-vllm server``."""
+    """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
+    ``--trl-vllm server``."""
     from urllib.parse import urlparse
 
     url = urlparse(opts.trl_server_url)
@@ -450,12 +459,13 @@ def start_trl_server(opts, out: Path) -> subprocess.Popen:
         argv += ["--enforce_eager", "true"]
     log = (out / "trl-vllm.log").open("w")
     return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0]})
 
 
 def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     """TRL's GRPOTrainer in a subprocess. GPU: ``--trl-vllm server`` starts ``trl vllm-serve``
-    on GPU 0 and trains on GPU 1; ``colocate`` and ``none`` use GPU 0."""
+    on the first visible GPU and trains on the second; ``colocate`` and ``none`` use the first
+    (:func:`visible_gpus`)."""
     trl_out = out / side
     trl_out.mkdir(parents=True, exist_ok=True)
     options = trl_options(side)
@@ -466,7 +476,10 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     if opts.device == "gpu":
         from vf_rl.inference.communicator import free_port
 
-        env["CUDA_VISIBLE_DEVICES"] = "1" if opts.trl_vllm == "server" else "0"
+        visible = visible_gpus()
+        if opts.trl_vllm == "server" and len(visible) < 2:
+            raise SystemExit(f"learning: --trl-vllm server needs two GPUs, CUDA_VISIBLE_DEVICES has {visible}")
+        env["CUDA_VISIBLE_DEVICES"] = visible[1] if opts.trl_vllm == "server" else visible[0]
         # colocate runs vLLM with the external launcher: one torch.distributed process
         env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port())}
@@ -578,6 +591,26 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
+def merge_runs(results: list[dict]) -> dict:
+    """One result from the runs of several ``--json`` files: the first run's settings, every run's
+    sides in order. Raises ``ValueError`` when a side name repeats or the runs differ in
+    environment, model, batch or ``max_tokens`` (their curves would not compare)."""
+    merged = {"settings": dict(results[0]["settings"]), "sides": {}}
+    same = ("env", "model", "device", "prompts", "rollouts", "max_tokens")
+    for result in results:
+        differ = [k for k in same if result["settings"].get(k) != merged["settings"].get(k)]
+        if differ:
+            raise ValueError(f"the runs differ in {', '.join(differ)}")
+        for name, side in result["sides"].items():
+            if name in merged["sides"]:
+                raise ValueError(f"side {name!r} is in more than one run")
+            merged["sides"][name] = side
+    if len(results) > 1:
+        merged["settings"]["sides"] = ",".join(merged["sides"])
+        merged["settings"]["dates"] = [r["settings"].get("date") for r in results]
+    return merged
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -637,10 +670,25 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--plot", type=Path, default=None, help="PNG of reward against seconds")
-    p.add_argument("--from-json", type=Path, default=None, help="print the table (and --plot) of an earlier --json")
+    p.add_argument("--from-json", type=Path, action="append", default=[],
+                   help="print the table (and --plot) of an earlier --json; repeated, the sides of several runs "
+                   "(e.g. one side per GPU of a host, run at once) in one table, plot and --json")
     opts = p.parse_args(argv)
     if opts.from_json:
-        result = json.loads(opts.from_json.read_text())
+        runs = []
+        for path in opts.from_json:
+            try:
+                runs.append(json.loads(path.read_text()))
+            except (OSError, ValueError) as exc:
+                p.error(f"--from-json {path}: {exc}")
+            if not isinstance(runs[-1], dict) or not {"settings", "sides"} <= runs[-1].keys():
+                p.error(f"--from-json {path}: not a learning.py --json result (no settings and sides)")
+        try:
+            result = merge_runs(runs)
+        except ValueError as exc:
+            p.error(f"--from-json: {exc}")
+        if opts.json:
+            opts.json.write_text(json.dumps(result, indent=1))
     else:
         spec = ENVS[opts.env]
         spec = replace(spec, args={**spec.args, **toml_pairs(opts.env_arg, "--env-arg")})

@@ -67,6 +67,37 @@ def test_report_compares_with_the_fastest_trl_side(tmp_path):
     assert "| reward at 2 min |" in out.stdout and (tmp_path / "r.png").stat().st_size > 1000
 
 
+def test_from_json_merges_runs_of_one_side_each(tmp_path):
+    """Sides run at once on two GPUs of a host write one JSON each; --from-json twice gives one
+    table, plot and --json with both, and refuses runs that do not compare."""
+    learning = _learning()
+    settings = {"env": "reverse-text", "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128,
+                "device": "gpu", "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8}
+    paths = []
+    for name, r in (("vf-rl", run([0.1, 0.3, 0.5, 0.6], 30.0)), ("trl-liger", run([0.1, 0.2, 0.3, 0.4], 60.0))):
+        pts = learning.points(r)
+        paths.append(tmp_path / f"{name}.json")
+        paths[-1].write_text(json.dumps({"settings": {**settings, "sides": name}, "sides": {
+            name: {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}}}))
+    cmd = [sys.executable, str(REPO / "benchmarks" / "learning.py"), "--from-json", str(paths[0]), "--from-json",
+           str(paths[1])]
+    out = subprocess.run([*cmd, "--json", str(tmp_path / "both.json")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "best TRL side (most rollouts/s): trl-liger; vf-rl / trl-liger rollouts per second: 2.00x" in out.stdout
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert list(both["sides"]) == ["vf-rl", "trl-liger"] and both["settings"]["sides"] == "vf-rl,trl-liger"
+    out = subprocess.run([*cmd[:4], "--from-json", str(paths[0])], capture_output=True, text=True)  # one side twice
+    assert out.returncode == 2 and "side 'vf-rl' is in more than one run" in out.stderr
+    other = json.loads(paths[1].read_text())
+    other["settings"]["max_tokens"] = 64
+    paths[1].write_text(json.dumps(other))
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 2 and "the runs differ in max_tokens" in out.stderr
+    paths[1].write_text("[1, 2]")
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    assert out.returncode == 2 and "not a learning.py --json result" in out.stderr
+
+
 def test_trl_side_names():
     learning = _learning()
     assert learning.trl_options("trl") == {}

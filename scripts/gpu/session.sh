@@ -15,6 +15,7 @@
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
+#   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
 #   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
@@ -114,6 +115,31 @@ warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tm
     --env-arg few_shot=0 --device gpu --model /tmp/sft-$env --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
     --trl-vllm ${TRL_VLLM:-colocate} --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json \
     --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1"
+  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
+pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU per side: SIDES, default
+  # vf-rl,trl-liger; each GPU shared by its side's vLLM and trainer, EXTRA default --shared), then one table, JSON and
+  # PNG of both (learning.py --from-json per side). WARM=1: vf-sft first (configs/vf-sft/$ENV.toml on GPU 0) and every
+  # side starts from the warmed-up model with few_shot = 0. ENV (default reverse-text), TAG, MINUTES (default 8),
+  # EVAL_EVERY (vf-rl's held-out evals, default none between). `poll` collects.
+  mkdir -p /tmp/e2e; env=${ENV:-reverse-text}; name=learning-$env${TAG:-}; rm -rf /tmp/e2e/$name /tmp/e2e/$name.*
+  model=/tmp/smol; pre=""; args=""
+  if [ "${WARM:-0}" = 1 ]; then
+    sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$env\"#" \
+      configs/vf-sft/$env.toml > /tmp/sft-$env.toml
+    pre="CUDA_VISIBLE_DEVICES=0 python3 -m vf_rl.cli.sft @ /tmp/sft-$env.toml > /tmp/e2e/sft-$env.log 2>&1 && "
+    model=/tmp/sft-$env; args="--env-arg few_shot=0"
+  fi
+  gpu=0; runs=""; jsons=""
+  for side in $(echo ${SIDES:-vf-rl,trl-liger} | tr , ' '); do
+    runs+="CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/learning.py --env $env $args --device gpu --model $model \
+      --minutes ${MINUTES:-8} --sides $side --eval-every ${EVAL_EVERY:-1000000} ${EXTRA:---shared} \
+      --json /tmp/e2e/$name.$side.json --out /tmp/e2e/$name.$side > /tmp/e2e/$name.$side.log 2>&1 & "
+    jsons+=" --from-json /tmp/e2e/$name.$side.json"; gpu=$((gpu + 1))
+  done
+  cmd="$pre { $runs wait; }; python3 benchmarks/learning.py $jsons --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png \
+    > /tmp/e2e/$name.log 2>&1"
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
