@@ -447,6 +447,18 @@ def visible_gpus() -> list[str]:
     return [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if g.strip()]
 
 
+def gpu_names() -> list[dict]:
+    """``[{"name": str, "memory_total_mib": int}]`` of the visible GPUs (nvidia-smi), so that a
+    result says which card its times and peaks come from; empty without nvidia-smi."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits",
+                              f"--id={','.join(visible_gpus())}"], capture_output=True, text=True).stdout
+    except OSError:
+        return []
+    return [{"name": name.strip(), "memory_total_mib": int(mib)}
+            for name, mib in (line.rsplit(",", 1) for line in out.splitlines() if "," in line)]
+
+
 def start_trl_server(opts, out: Path) -> subprocess.Popen:
     """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
     ``--trl-vllm server``."""
@@ -709,6 +721,8 @@ def main(argv=None) -> int:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}
         settings |= {"env_args": spec.args, "max_seq_len": spec.max_seq_len, "date": time.strftime("%Y-%m-%d %H:%M UTC",
                                                                                                     time.gmtime())}
+        if opts.device == "gpu":
+            settings["gpus"] = gpu_names()
         result = {"settings": settings, "sides": {}}
         for side in sides:
             print(f"learning: running {side} ...", flush=True)

@@ -3,7 +3,8 @@
 ``--drop`` below its running best for more than ``--window`` steps, and the policy's entropy
 stays above ``--min-entropy`` (after ``--skip`` steps). Prints the per-step signals that explain
 a collapse (entropy, importance ratio, masked fraction, gradient norm, advantage spread,
-truncation share) every ``--every`` steps, the verdict, and writes a PNG with ``--plot``.
+truncation share) every ``--every`` steps, the verdict, and writes a PNG with ``--plot`` and the
+verdict with every step's signals as JSON with ``--json``.
 
     python scripts/stability.py outputs/reverse-text-cpu/metrics.jsonl --plot stability.png
 Exit status: 0 the rule holds, 1 it does not, 2 bad input.
@@ -51,6 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--skip", type=int, default=0, help="steps before the entropy floor applies")
     p.add_argument("--every", type=int, default=10)
     p.add_argument("--plot", type=Path)
+    p.add_argument("--json", type=Path, help="write the verdict and every step's signals here")
     opts = p.parse_args(argv)
     if not opts.metrics.is_file():
         print(f"stability: error: {opts.metrics}: no such file", file=sys.stderr)
@@ -65,6 +67,10 @@ def main(argv=None) -> int:
         print(f"| {r['step']} | " + " | ".join(f"{r[k]:.3f}" if k in r else "-" for k in SIGNALS) + " |")
     v = verdict(steps, opts.drop, opts.window, opts.min_entropy, opts.skip)
     print(json.dumps(v))
+    if opts.json:
+        rule = {"drop": opts.drop, "window": opts.window, "min_entropy": opts.min_entropy, "skip": opts.skip}
+        opts.json.write_text(json.dumps({"metrics": str(opts.metrics), "rule": rule, "verdict": v, "steps": [
+            {"step": r["step"], **{k: r[k] for k in SIGNALS if k in r}} for r in steps]}, indent=1))
     if opts.plot:
         import matplotlib
 

@@ -154,9 +154,12 @@ def test_stability_rule(tmp_path):
     for steps, code in ((climb, 0), (fall, 1)):
         path = tmp_path / "metrics.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in steps))
-        out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(path)], capture_output=True,
-                             text=True)
+        out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(path), "--json",
+                              str(tmp_path / "v.json")], capture_output=True, text=True)
         assert out.returncode == code, out.stderr
+        written = json.loads((tmp_path / "v.json").read_text())
+        assert written["verdict"]["holds"] == (code == 0) and len(written["steps"]) == 100
+        assert written["steps"][40] == {"step": 41, "reward": steps[40]["reward"], "entropy": 1.0}
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "stability.py"), str(tmp_path / "none.jsonl")],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "no such file" in out.stderr

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 
-from vf_rl.memory import GIB, ModelShape, estimate_trainer_peak
+from vf_rl.memory import GIB, GPU_80GB_BYTES, ModelShape, estimate_trainer_peak
 from vf_rl.trainer.batching import Sample
 from vf_rl.trainer.packing import plan_micro_batches
 
@@ -86,13 +86,16 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
 
 
 def learning_runs():
-    """Every vf-rl side of benchmarks/results/learning-*.json: the config it ran and the whole-GPU
-    peak (nvidia-smi's memory used on every GPU of the host, less what was used before)."""
+    """Every vf-rl side of benchmarks/results/learning-*.json: the config it ran, the peak over its
+    GPUs (nvidia-smi's memory used, less what was used before) and one card's memory in bytes."""
     for path in sorted(RESULTS.glob("learning-*.json")):
         record = json.loads(path.read_text())
         side = record["sides"].get("vf-rl")
         if side and side.get("peak_gib") and record["settings"].get("device") == "gpu":
-            yield path.stem, side["settings"]["config"], side["peak_gib"] * GIB
+            # the card's memory sets vLLM's share (gpu_memory_utilization x memory): recorded since
+            # the runs on H200s, an 80 GB H100 before
+            gpus = record["settings"].get("gpus") or [{"memory_total_mib": GPU_80GB_BYTES // 2**20}]
+            yield path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20
 
 
 def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, model_dir):
@@ -111,7 +114,7 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
     errors = {}
-    for name, run, peak in learning_runs():
+    for name, run, peak, gpu_bytes in learning_runs():
         run = json.loads(json.dumps(run))
         run["model"] = str(model_dir)  # SmolLM2-135M-Instruct, or an SFT warm-up of it (same shape)
         run["trainer"]["args"]["output_dir"] = str(tmp_path / name)
@@ -130,7 +133,7 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
         else:
             trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt)
             assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
-        vllm = inference_bytes(config) * (1 if config.inference.shared else config.inference.gpus)
+        vllm = inference_bytes(config, gpu_bytes) * (1 if config.inference.shared else config.inference.gpus)
         errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1
     assert len(errors) >= 6
     print({k: f"{v:+.1%}" for k, v in errors.items()})
