@@ -39,6 +39,10 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
         assert 0.0 <= r["reward"] <= 1.0 and r["tokens/loss"] > 0 and "importance_ratio" in r and "loss" in r
     assert steps[1]["timing/sync_s"] > 0  # weights were pushed before batch 2 was generated
     assert "Step 2/2: reward=" in trainer_log
+    # the start-up split: the trainer's own start, then its wait for the server (launched together)
+    ready = re.search(r"vf-vllm ready: the trainer process ran ([\d.]+) s before it asked, then waited ([\d.]+) s",
+                      trainer_log)
+    assert ready and float(ready[1]) > 0, trainer_log[:3000]
     # a clean log: one line per progress update, no warning meant for developers
     assert b"\r" not in (out / "logs" / "trainer.log").read_bytes()
     assert any(line.startswith("Generating batch 1: ") for line in trainer_log.splitlines())

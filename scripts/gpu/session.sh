@@ -181,7 +181,10 @@ poll)
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null || break; sleep 1; done
   pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null && echo "still running"
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
-  for d in /tmp/e2e/*/; do tail -n 30 $d/vf-rl/logs/trainer.log > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
+  # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
+  for d in /tmp/e2e/*/; do { grep -ah "vf-vllm ready\|torch_compile\|took\|Capturing\|compil" \
+      $d/vf-rl/logs/trainer.log $d/vf-rl/logs/inference.log | cut -c1-300 | head -n 40; \
+      tail -n 30 $d/vf-rl/logs/trainer.log; } > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; \
     cp $d/vf-rl/metrics.jsonl $OUT/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
     for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $OUT/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import httpx
+import psutil
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_callback import ProgressCallback
@@ -158,8 +159,13 @@ class RLTrainer(CheckpointingTrainer):
             record_python_run(self.args, self.served_model_name, self.env)  # <output_dir>/resolved.toml
             print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
             print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
+            up_s, asked = time.time() - psutil.Process().create_time(), time.perf_counter()
             for server in self.servers:
                 server.wait_until_ready(self.args.vllm_server_timeout)
+            # where a run's start goes: the trainer's own start (imports, model load) against the
+            # wait for the server (vLLM's start-up, with torch.compile and CUDA graphs on a GPU)
+            print(f"vf-vllm ready: the trainer process ran {up_s:.1f} s before it asked, then waited "
+                  f"{time.perf_counter() - asked:.1f} s", flush=True)
         self._started = time.perf_counter()  # timing/elapsed_s: training time, not the server's start-up
         if self.is_world_process_zero():
             self._start_inference_side()
