@@ -28,5 +28,7 @@ export PYTHONPATH=/tmp/site:/tmp/site2:$REPO/src
 export PATH=/tmp/tmuxroot/usr/bin:$PATH LD_LIBRARY_PATH=/tmp/tmuxroot/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export VLLM_CACHE_ROOT=/tmp/vcache VLLM_USE_FLASHINFER_SAMPLER=0
+# why a compiled layer compiles again (a step's train_s of ~20 s after step 1) goes to the trainer's log
+export TORCH_LOGS=recompiles
 # never use NVLink multicast on the shared hosts
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
