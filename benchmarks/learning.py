@@ -89,8 +89,9 @@ class PeakSampler:
 
     ``gpu``: ``nvidia-smi``'s memory in use, summed over the GPUs this process sees
     (``CUDA_VISIBLE_DEVICES`` when set, so that runs on other GPUs of the host do not count),
-    above what was in use when the sampler started. Otherwise the summed RSS of the processes whose command line contains
-    ``marker`` and their children (shared pages count once per process)."""
+    above what was in use when the sampler started. Otherwise the summed RSS of the processes
+    whose command line contains ``marker`` and their children (shared pages count once per
+    process)."""
 
     def __init__(self, gpu: bool, marker: str = "", period: float = 1.0):
         import psutil
@@ -606,7 +607,7 @@ def report(result: dict) -> str:
 def merge_runs(results: list[dict]) -> dict:
     """One result from the runs of several ``--json`` files: the first run's settings, every run's
     sides in order. Raises ``ValueError`` when a side name repeats or the runs differ in
-    environment, model, batch or ``max_tokens`` (their curves would not compare)."""
+    environment, model, device, batch or ``max_tokens`` (their curves would not compare)."""
     merged = {"settings": dict(results[0]["settings"]), "sides": {}}
     same = ("env", "model", "device", "prompts", "rollouts", "max_tokens")
     for result in results:
