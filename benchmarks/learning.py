@@ -104,10 +104,7 @@ class PeakSampler:
 
     @staticmethod
     def _gpu_used() -> int:
-        ids = os.environ.get("CUDA_VISIBLE_DEVICES")
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                              *([f"--id={ids}"] if ids else [])], capture_output=True, text=True).stdout
-        return sum(int(x) for x in out.split()) * 2**20
+        return sum(int(used) for used, in nvidia_smi("memory.used")) * 2**20
 
     def _rss(self) -> int:
         found = []
@@ -448,16 +445,24 @@ def visible_gpus() -> list[str]:
     return [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "0,1").split(",") if g.strip()]
 
 
-def gpu_names() -> list[dict]:
-    """``[{"name": str, "memory_total_mib": int}]`` of the visible GPUs (nvidia-smi), so that a
-    result says which card its times and peaks come from; empty without nvidia-smi."""
+def nvidia_smi(query: str) -> list[tuple[str, ...]]:
+    """``nvidia-smi --query-gpu=<query>`` for the GPUs this process sees (``CUDA_VISIBLE_DEVICES``
+    when set, else every GPU), one tuple of fields per GPU; empty without nvidia-smi or GPUs."""
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES")
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits",
-                              f"--id={','.join(visible_gpus())}"], capture_output=True, text=True).stdout
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                              *([f"--id={ids}"] if ids else [])], capture_output=True, text=True).stdout
     except OSError:
         return []
-    return [{"name": name.strip(), "memory_total_mib": int(mib)}
-            for name, mib in (line.rsplit(",", 1) for line in out.splitlines() if "," in line)]
+    fields = query.count(",") + 1
+    rows = [tuple(f.strip() for f in line.rsplit(",", fields - 1)) for line in out.splitlines()]
+    return [row for row in rows if len(row) == fields and row[-1].isdigit()]  # not a message line
+
+
+def gpu_names() -> list[dict]:
+    """``[{"name": str, "memory_total_mib": int}]`` of the GPUs this process sees, so that a
+    result says which card its times and peaks come from."""
+    return [{"name": name, "memory_total_mib": int(mib)} for name, mib in nvidia_smi("name,memory.total")]
 
 
 def start_trl_server(opts, out: Path) -> subprocess.Popen:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,27 @@ def test_from_json_merges_runs_of_one_side_each(tmp_path):
     paths[1].write_text("[1, 2]")
     out = subprocess.run(cmd, capture_output=True, text=True)
     assert out.returncode == 2 and "not a learning.py --json result" in out.stderr
+
+
+def test_gpu_queries_read_only_the_visible_gpus(tmp_path, monkeypatch):
+    """nvidia-smi (a stand-in here: no GPU) is asked for the CUDA_VISIBLE_DEVICES GPUs when set,
+    else every GPU; its rows become the peak sampler's memory and the result's card names."""
+    learning = _learning()
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in\n*--id=1*) id=1 ;;\n*--id=*) echo 'No devices were found'; exit 6 ;;\n"
+                    "*) id=all ;;\nesac\ncase \"$1\" in\n*name*) [ $id = all ] && echo 'NVIDIA H100, 81559'; "
+                    "echo 'NVIDIA H200, 143771' ;;\n*) [ $id = all ] && echo 1000; echo 2000 ;;\nesac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert learning.gpu_names() == [{"name": "NVIDIA H100", "memory_total_mib": 81559},
+                                    {"name": "NVIDIA H200", "memory_total_mib": 143771}]
+    assert learning.PeakSampler._gpu_used() == 3000 * 2**20
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert learning.gpu_names() == [{"name": "NVIDIA H200", "memory_total_mib": 143771}]
+    assert learning.PeakSampler._gpu_used() == 2000 * 2**20
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")  # nvidia-smi's message is not a GPU
+    assert learning.gpu_names() == [] and learning.PeakSampler._gpu_used() == 0
 
 
 def test_trl_side_names():

@@ -32,6 +32,12 @@ run() {  # run NAME LIMIT CMD...
   (timeout "$limit" "$@" 2>&1; echo "RC=$?") > "$OUT/$PART.$name.txt"
   tail -n 14 "$OUT/$PART.$name.txt"
 }
+sft() {  # sft ENV: the command that warms SmolLM2 up on ENV (configs/vf-sft/ENV.toml with model /tmp/smol, output
+  # /tmp/sft-ENV; its config written to /tmp/sft-ENV.toml now), logging to /tmp/e2e/sft-ENV.log
+  sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$1\"#" \
+    configs/vf-sft/$1.toml > /tmp/sft-$1.toml
+  echo "python3 -m vf_rl.cli.sft @ /tmp/sft-$1.toml > /tmp/e2e/sft-$1.log 2>&1"
+}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case $PART in
 e2e)
@@ -109,9 +115,7 @@ warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tm
   # that environment from the warmed-up model with few_shot = 0 (SIDES default vf-rl, e.g. vf-rl,trl-liger: every side
   # starts from the same warmed-up model; MINUTES default 15; EVAL_EVERY steps between held-out evals of vf-rl)
   mkdir -p /tmp/e2e; env=${ENV:-reverse-text}; name=learning-$env${TAG:--warmup}; rm -rf /tmp/e2e/$name /tmp/sft-$env
-  sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$env\"#" \
-    configs/vf-sft/$env.toml > /tmp/sft-$env.toml
-  cmd="python3 -m vf_rl.cli.sft @ /tmp/sft-$env.toml > /tmp/e2e/sft-$env.log 2>&1 && python3 benchmarks/learning.py --env $env \
+  cmd="$(sft $env) && python3 benchmarks/learning.py --env $env \
     --env-arg few_shot=0 --device gpu --model /tmp/sft-$env --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
     --trl-vllm ${TRL_VLLM:-colocate} --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json \
     --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1"
@@ -126,9 +130,7 @@ pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU
   mkdir -p /tmp/e2e; env=${ENV:-reverse-text}; name=learning-$env${TAG:-}; rm -rf /tmp/e2e/$name /tmp/e2e/$name.*
   model=/tmp/smol; pre=""; args=""
   if [ "${WARM:-0}" = 1 ]; then
-    sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$env\"#" \
-      configs/vf-sft/$env.toml > /tmp/sft-$env.toml
-    pre="CUDA_VISIBLE_DEVICES=0 python3 -m vf_rl.cli.sft @ /tmp/sft-$env.toml > /tmp/e2e/sft-$env.log 2>&1 && "
+    pre="CUDA_VISIBLE_DEVICES=0 $(sft $env) && "
     model=/tmp/sft-$env; args="--env-arg few_shot=0"
   fi
   gpu=0; runs=""; jsons=""
