@@ -126,14 +126,15 @@ pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU
   # vf-rl,trl-liger; each GPU shared by its side's vLLM and trainer, EXTRA default --shared), then one table, JSON and
   # PNG of both (learning.py --from-json per side). WARM=1: vf-sft first (configs/vf-sft/$ENV.toml on GPU 0) and every
   # side starts from the warmed-up model with few_shot = 0. ENV (default reverse-text), TAG, MINUTES (default 8),
-  # EVAL_EVERY (vf-rl's held-out evals, default none between). `poll` collects.
+  # EVAL_EVERY (vf-rl's held-out evals, default none between), GPU0 (the first GPU, default 0: two pairs run at once
+  # on a 4-GPU host as GPU0=0 and GPU0=2). `poll` collects.
   mkdir -p /tmp/e2e; env=${ENV:-reverse-text}; name=learning-$env${TAG:-}; rm -rf /tmp/e2e/$name /tmp/e2e/$name.*
   model=/tmp/smol; pre=""; args=""
   if [ "${WARM:-0}" = 1 ]; then
-    pre="CUDA_VISIBLE_DEVICES=0 $(sft $env) && "
+    pre="CUDA_VISIBLE_DEVICES=${GPU0:-0} $(sft $env) && "
     model=/tmp/sft-$env; args="--env-arg few_shot=0"
   fi
-  gpu=0; runs=""; jsons=""
+  gpu=${GPU0:-0}; runs=""; jsons=""
   for side in $(echo ${SIDES:-vf-rl,trl-liger} | tr , ' '); do
     runs+="CUDA_VISIBLE_DEVICES=$gpu python3 benchmarks/learning.py --env $env $args --device gpu --model $model \
       --minutes ${MINUTES:-8} --sides $side --eval-every ${EVAL_EVERY:-1000000} ${EXTRA:---shared} \
@@ -179,17 +180,20 @@ best)  # issue 29: the small-model cases against every TRL side, each side its o
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
-poll)
+poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
+  # $OUT/e2e.tgz (one file: $OUT brings back 8 at most) and prints the logs' tails
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null || break; sleep 1; done
   pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null && echo "still running"
-  cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $OUT/ 2>/dev/null
+  P=/tmp/poll; rm -rf $P; mkdir -p $P
+  cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $P/ 2>/dev/null
   # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
   for d in /tmp/e2e/*/; do { grep -ah "vf-vllm ready\|torch_compile\|took\|Capturing\|compil" \
       $d/vf-rl/logs/trainer.log $d/vf-rl/logs/inference.log | cut -c1-300 | head -n 40; \
-      tail -n 30 $d/vf-rl/logs/trainer.log; } > $OUT/$(basename $d).trainer-tail.txt 2>/dev/null; \
-    tail -n 40 $d/trl*/trl.log > $OUT/$(basename $d).trl-tail.txt 2>/dev/null; \
-    cp $d/vf-rl/metrics.jsonl $OUT/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
-    for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $OUT/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far
+      tail -n 30 $d/vf-rl/logs/trainer.log; } > $P/$(basename $d).trainer-tail.txt 2>/dev/null; \
+    tail -n 40 $d/trl*/trl.log > $P/$(basename $d).trl-tail.txt 2>/dev/null; \
+    cp $d/vf-rl/metrics.jsonl $P/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
+    for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $P/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far
+  find $P -mindepth 1 -empty -delete; tar czf $OUT/e2e.tgz -C $P .
   tail -n 25 /tmp/e2e/*.log
   ;;
 esac
