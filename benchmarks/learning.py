@@ -28,9 +28,9 @@ side runs the environment's own turn loop through GRPOTrainer's ``rollout_func``
 of turns one batched generate call on its colocated vLLM, or transformers without vLLM; the
 environment's tokens are masked out with ``env_mask`` and the reward is the rubric's).
 
-Output: a table (reward at 2/4/8/16/30 minutes: the mean of the last 3 steps each side finished
-by then; held-out reward before and after; time to reach the best TRL side's final reward;
-seconds per step, rollouts per second, the share of a step vf-rl waits for generation; peak
+Output: a table (reward at 2/4/8/16/30 minutes: the mean over the steps each side finished in
+the 30 s up to then, at least its last 3; held-out reward before and after; time to reach the
+best TRL side's final reward; seconds per step, rollouts per second, the share of a step vf-rl waits for generation; peak
 memory: CPU summed RSS of each side's processes, GPU ``nvidia-smi`` memory in use above the
 idle baseline, sampled every second); ``--json`` in the format of ``benchmarks/results/
 learning-*.json``: ``{"settings", "sides": {side: {"rollouts_per_step", "max_tokens", "points":
@@ -57,6 +57,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS_MIN = (2, 4, 8, 16, 30)
+READING_WINDOW_S = 30.0  # the training reward at a checkpoint: the mean over this much wall clock (reward_by)
 
 
 @dataclass
@@ -459,6 +460,16 @@ def nvidia_smi(query: str) -> list[tuple[str, ...]]:
     return [row for row in rows if len(row) == fields and row[-1].isdigit()]  # not a message line
 
 
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution``, or ``None``."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def gpu_names() -> list[dict]:
     """``[{"name": str, "memory_total_mib": int}]`` of the GPUs this process sees, so that a
     result says which card its times and peaks come from."""
@@ -542,18 +553,23 @@ def points(run: dict) -> list[list]:
     return out
 
 
-def reward_by(pts: list[list], seconds: float) -> float | None:
-    """Mean training reward of the last 3 steps finished by ``seconds`` after step 1."""
+def reward_by(pts: list[list], seconds: float, window_s: float = READING_WINDOW_S) -> float | None:
+    """The training reward read at ``seconds`` after step 1: the mean over the steps finished in
+    the ``window_s`` seconds up to then, and over at least the last 3 finished by then (a side whose
+    steps are longer than the window). Each side's reading spans the same wall clock, not the same
+    number of steps: one step's reward (16 prompts) moves by +-0.06 on its own, and a side with
+    twice the steps per second would otherwise be read over half the time."""
     done = [p[2] for p in pts if p[2] is not None and p[0] <= seconds + 1e-6]
-    return statistics.fmean(done[-3:]) if done else None
+    recent = [p[2] for p in pts if p[2] is not None and seconds - window_s < p[0] <= seconds + 1e-6]
+    chosen = recent if len(recent) >= 3 else done[-3:]
+    return statistics.fmean(chosen) if chosen else None
 
 
 def time_to_reach(pts: list[list], target: float) -> float | None:
-    """First second at which the mean of the last 3 steps' rewards reaches ``target``."""
-    rewards = [p for p in pts if p[2] is not None]
-    for i in range(len(rewards)):
-        if statistics.fmean(p[2] for p in rewards[max(0, i - 2):i + 1]) >= target - 1e-9:
-            return rewards[i][0]
+    """First second (a step's end) at which :func:`reward_by` reaches ``target``."""
+    for p in pts:
+        if p[2] is not None and reward_by(pts, p[0]) >= target - 1e-9:
+            return p[0]
     return None
 
 
@@ -570,9 +586,15 @@ def summarize(run: dict, pts: list[list], rollouts: int, warmup: int) -> dict:
     return {"steps": len(run["reward"]), "trained_s": trained_s, "step_s_median": median,
             "rollouts_per_s": rollouts / median if median == median else None, "wait_fraction": wait_fraction,
             "launch_to_step1_s": run["launch_to_step1_s"], "wall_s": run["wall_s"],
-            "reward_at_min": {m: reward_by(pts, m * 60) for m in CHECKPOINTS_MIN if m * 60 <= trained_s + 30},
-            "reward_final": reward_by(pts, trained_s), "eval_before": evals[0] if evals else None,
+            **readings(pts, trained_s), "eval_before": evals[0] if evals else None,
             "eval_after": evals[-1] if len(evals) > 1 else None, "peak_gib": run["peak_gib"]}
+
+
+def readings(pts: list[list], trained_s: float) -> dict:
+    """The training reward (:func:`reward_by`) at each of ``CHECKPOINTS_MIN`` that the run reached
+    and at its end (``trained_s`` after step 1)."""
+    return {"reward_at_min": {m: reward_by(pts, m * 60) for m in CHECKPOINTS_MIN if m * 60 <= trained_s + 30},
+            "reward_final": reward_by(pts, trained_s)}
 
 
 def fmt(v) -> str:
@@ -589,7 +611,7 @@ def report(result: dict) -> str:
             ("rollouts / s", "rollouts_per_s"), ("vf-rl waits for generation", "wait_fraction"),
             ("s from launch to the end of step 1", "launch_to_step1_s"), ("peak GiB", "peak_gib"),
             ("held-out reward before", "eval_before"), ("held-out reward after", "eval_after"),
-            ("final reward (last 3 steps)", "reward_final")]
+            ("final reward (last 30 s)", "reward_final")]
     names = list(sides)
     lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for minute in CHECKPOINTS_MIN:
@@ -705,6 +727,8 @@ def main(argv=None) -> int:
             result = merge_runs(runs)
         except ValueError as exc:
             p.error(f"--from-json: {exc}")
+        for side in result["sides"].values():  # read as this version reads (an older run's summary may differ)
+            side["summary"] |= readings(side["points"], side["summary"]["trained_s"])
         if opts.json:
             opts.json.write_text(json.dumps(result, indent=1))
     else:
@@ -729,6 +753,8 @@ def main(argv=None) -> int:
                                                                                                     time.gmtime())}
         if opts.device == "gpu":
             settings["gpus"] = gpu_names()
+            # vf-rl's trainer applies liger-kernel with torch_compile = false when it is installed
+            settings["liger_kernel"] = installed_version("liger-kernel")
         result = {"settings": settings, "sides": {}}
         for side in sides:
             print(f"learning: running {side} ...", flush=True)

@@ -45,6 +45,22 @@ def test_reward_by_and_time_to_reach():
     assert learning.time_to_reach(pts, 0.9) is None
 
 
+def test_rewards_are_read_over_equal_wall_clock_not_equal_steps():
+    """A side with 1 s steps is read over the 30 s before the mark (its last 3 steps alone would
+    follow one step's noise), and reaches a target when that window's mean does."""
+    learning = _learning()
+    alternating = learning.points(run([1.0 if i % 2 == 0 else 0.0 for i in range(120)], 1.0))
+    assert learning.reward_by(alternating, 60.0) == pytest.approx(0.5)  # 30 steps, 15 of each
+    assert learning.reward_by(alternating, 60.0, window_s=2.0) == pytest.approx(2 / 3)  # the last 3: 1, 0, 1
+    rising = learning.points(run([i / 100 for i in range(120)], 1.0))  # step i ends i s after step 1
+    # the steps of (t - 30, t] average (t - 14.5) / 100: 0.5 first at t = 65 (the last 3 alone: t = 51)
+    assert learning.time_to_reach(rising, 0.5) == 65.0
+    summary = learning.summarize(run([i / 100 for i in range(120)], 1.0), rising, 128, 0)
+    # 119 s trained: the 2-minute mark is read (steps 91-119 s), and the end (steps 90-119 s)
+    assert list(summary["reward_at_min"]) == [2] and summary["reward_at_min"][2] == pytest.approx(1.05)
+    assert summary["reward_final"] == pytest.approx(1.045)
+
+
 def test_report_compares_with_the_fastest_trl_side(tmp_path):
     learning = _learning()
     sides = {"vf-rl": run([0.1, 0.3, 0.5, 0.6], 30.0), "trl": run([0.1, 0.2, 0.3, 0.4], 60.0),

@@ -95,7 +95,9 @@ def learning_runs():
             # the card's memory sets vLLM's share (gpu_memory_utilization x memory): recorded since
             # the runs on H200s, an 80 GB H100 before
             gpus = record["settings"].get("gpus") or [{"memory_total_mib": GPU_80GB_BYTES // 2**20}]
-            yield path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20
+            liger = bool(record["settings"].get("liger_kernel"))  # installed where it ran (recorded since 2026-11-27)
+            yield (path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20,
+                   liger)
 
 
 def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, model_dir):
@@ -103,7 +105,9 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     the estimate the pre-flight makes for the run's own config (the same model shape), with the
     environment's prompts (mean tokens, as the orchestrator renders them) and every completion at
     ``max_tokens`` (a multi-turn environment: the bound of ``max_seq_len`` tokens per sample): the
-    trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its GPUs."""
+    trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its GPUs. A run made
+    with liger-kernel installed is estimated as its launch there was (fused layers with
+    ``torch_compile = false``), whether or not liger-kernel is installed here."""
     from transformers import AutoTokenizer
 
     from vf_rl.config.schema import load_config
@@ -114,7 +118,7 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
     errors = {}
-    for name, run, peak, gpu_bytes in learning_runs():
+    for name, run, peak, gpu_bytes, liger in learning_runs():
         run = json.loads(json.dumps(run))
         run["model"] = str(model_dir)  # SmolLM2-135M-Instruct, or an SFT warm-up of it (same shape)
         run["trainer"]["args"]["output_dir"] = str(tmp_path / name)
@@ -129,9 +133,9 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
         if isinstance(env, MultiTurnEnv) and env.max_turns > 1:
             # several turns and the environment's replies: only max_seq_len bounds a sample, as in the
             # pre-flight's bound_max_seq_len
-            trainer = estimate_for_run(config, shape)
+            trainer = estimate_for_run(config, shape, liger_installed=liger)
         else:
-            trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt)
+            trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt, liger_installed=liger)
             assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
         vllm = inference_bytes(config, gpu_bytes) * (1 if config.inference.shared else config.inference.gpus)
         errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1

@@ -168,12 +168,14 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
     return MemoryEstimate(weights, gradients, optimizer, activations, logits, tokens_per_pass, trained_tokens_per_pass)
 
 
-def _fused(a: dict) -> bool:
+def _fused(a: dict, liger_installed: bool | None = None) -> bool:
     if a.get("torch_compile"):
         return True
-    import importlib.util
+    if liger_installed is None:
+        import importlib.util
 
-    return bool(a.get("use_liger")) and importlib.util.find_spec("liger_kernel") is not None
+        liger_installed = importlib.util.find_spec("liger_kernel") is not None
+    return bool(a.get("use_liger")) and liger_installed
 
 
 def load_shape(model: str) -> ModelShape:
@@ -222,11 +224,15 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
 
 
 def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens: float | None = None,
-                     mean_trained_tokens: float | None = None, mean_prompt_tokens: float | None = None
-                     ) -> MemoryEstimate:
+                     mean_trained_tokens: float | None = None, mean_prompt_tokens: float | None = None,
+                     liger_installed: bool | None = None) -> MemoryEstimate:
     """The estimate for a resolved :class:`~vf_rl.config.schema.VfRlConfig`, for the pass of
     :func:`pass_tokens`: with a pre-flight's measured mean lengths (tokens per sample, of its
     prompt and of its trained completions), else the bound ``micro_batch_size x max_seq_len``.
+
+    Args:
+        liger_installed: whether liger-kernel is installed where the trainer runs (its fused
+            layers apply with ``use_liger`` and ``torch_compile = false``); ``None``: here.
 
     Raises:
         ValueError: as :func:`load_shape`."""
@@ -240,7 +246,8 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
     zero3 = processes if ds and "3" in str(ds) else 1
     return estimate_trainer_peak(shape, lora=bool(a["use_lora"]), tokens_per_pass=tokens, trained_tokens_per_pass=trained,
                                  lora_rank=int(a["lora_rank"]), lora_targets=a.get("lora_target_modules"),
-                                 fused_layers=_fused(a), gradient_checkpointing=bool(a.get("gradient_checkpointing")),
+                                 fused_layers=_fused(a, liger_installed),
+                                 gradient_checkpointing=bool(a.get("gradient_checkpointing")),
                                  activation_offloading=bool(a.get("activation_offloading")),
                                  tiled_mlp=bool(a.get("tiled_mlp")), zero3_processes=zero3)
 
