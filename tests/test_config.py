@@ -4,9 +4,12 @@ Plus: every trainer key the docs name is accepted, and the field reader matches 
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import json
 import os
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -296,19 +299,51 @@ def test_rl_config_is_rl_args_on_training_arguments():
     assert set(rl_fields()) - {f.name for f in dataclasses.fields(TrainingArguments)} >= {"batch_size", "lora_rank"}
 
 
-def test_config_check_imports_transformers_only_for_keys_vf_rl_does_not_declare(tmp_path):
+def test_config_check_imports_transformers_once_per_version_for_keys_vf_rl_does_not_declare(tmp_path):
     """Loading a config whose [trainer.args] are all vf-rl's keys imports neither torch nor
-    transformers; a TrainingArguments key (``seed``) is checked against transformers' class."""
+    transformers. A TrainingArguments key (``seed``) is checked against transformers' class: the
+    first time for a transformers version by importing it, then from vf-rl's cache, which still
+    refuses a wrong type or an unknown key."""
     path = tmp_path / "c.toml"
     probe = ("import sys; from vf_rl.config.schema import load_config; load_config(sys.argv[1]); "
              "print('transformers' in sys.modules, 'torch' in sys.modules)")
-    for extra, expected in (("", "False False"), ("seed = 3\n", "True True"), ("seeds = 3\n", None)):
+    env = {**os.environ, "VF_RL_CACHE": str(tmp_path / "cache")}
+    for extra, expected in (("", "False False"), ("seed = 3\n", "True True"), ("seed = 3\n", "False False"),
+                            ('eval_strategy = "steps"\neval_steps = 5\n', "False False"),
+                            ("seeds = 3\n", "unknown key 'trainer.args.seeds' (did you mean 'seed'?)"),
+                            ('seed = "3"\n', "trainer.args.seed: expected int, got '3'"),
+                            ("eval_strategy = 5\n", "trainer.args.eval_strategy: expected str, got 5")):
         path.write_text(BASE + extra)
-        result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=tmp_path)
-        if expected is None:
-            assert "unknown key 'trainer.args.seeds' (did you mean 'seed'?)" in result.stderr
+        result = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=tmp_path,
+                                env=env)
+        if "True" in expected or "False" in expected:
+            assert result.stdout.split() == expected.split(), (extra, result.stderr)
         else:
-            assert result.stdout.split() == expected.split(), result.stderr
+            assert expected in result.stderr, (extra, result.stderr)
+            assert result.returncode != 0
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [
+        f"training-arguments-{importlib.metadata.version('transformers')}.json"]
+
+
+def test_training_argument_types_rebuild_from_the_cache_as_toml_values_need():
+    """Each TrainingArguments field type, written to the cache and read back: builtins and their
+    unions as they are, an enum as the string that names its member, another class as Any."""
+    from typing import Any
+
+    from transformers import TrainingArguments
+
+    from vf_rl.config.rules import _decode_type, _encode_type
+
+    hints = typing.get_type_hints(TrainingArguments)
+    decoded = {f.name: _decode_type(json.loads(json.dumps(_encode_type(hints[f.name]))))
+               for f in dataclasses.fields(TrainingArguments) if f.init}
+    assert decoded["learning_rate"] is float and decoded["seed"] is int and decoded["bf16"] is bool
+    assert decoded["eval_strategy"] is str and decoded["lr_scheduler_type"] is str
+    assert decoded["run_name"] == (str | None)
+    assert decoded["debug"] == (str | list[str])
+    assert decoded["parallelism_config"] == (Any | None)
+    same = [n for n, t in decoded.items() if t == hints[n]]
+    assert len(same) >= 0.8 * len(decoded)  # everything but the enums and transformers' own classes
 
 
 def test_documented_defaults():
@@ -559,3 +594,21 @@ def test_env_id_may_name_a_submodule_and_a_factory(tmp_path):
     assert result.returncode == 0, result.stderr
     path.write_text(good.replace("few_shot = 2", "few_shots = 2"))
     assert_one_line_error(run(["@", str(path), "--dry-run"], tmp_path), "env.args.few_shots", "did you mean 'few_shot'")
+
+
+def test_cached_json_computes_once_skips_none_and_replaces_a_broken_file(tmp_path, monkeypatch):
+    from vf_rl.config.cache import cached_json
+
+    monkeypatch.setenv("VF_RL_CACHE", str(tmp_path / "c"))
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"a": [1, "x"]}
+
+    assert cached_json("fact-1", compute) == {"a": [1, "x"]} == cached_json("fact-1", compute)
+    assert len(calls) == 1 and sorted(p.name for p in (tmp_path / "c").iterdir()) == ["fact-1.json"]
+    assert cached_json("fact-2", lambda: None) is None and not (tmp_path / "c" / "fact-2.json").exists()
+    (tmp_path / "c" / "fact-1.json").write_text('{"a": [1,')  # half a file, from elsewhere
+    assert cached_json("fact-1", compute) == {"a": [1, "x"]} and len(calls) == 2
+    assert json.loads((tmp_path / "c" / "fact-1.json").read_text()) == {"a": [1, "x"]}

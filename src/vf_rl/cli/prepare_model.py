@@ -24,8 +24,9 @@ MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
 def default_model_dir() -> Path:
-    cache = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
-    return cache / "models" / MODEL_NAME
+    from vf_rl.config.cache import cache_dir
+
+    return cache_dir() / "models" / MODEL_NAME
 
 
 def find_gguf() -> Path:

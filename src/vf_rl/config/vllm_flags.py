@@ -2,8 +2,9 @@
 installed vLLM's own ``vllm serve`` argument parser.
 
 The launcher must not import vLLM (seconds, and a GPU stack), so the parser's options are read
-once per vLLM version in a subprocess and cached as JSON in ``$VF_RL_CACHE`` (default
-``~/.cache/vf-rl``): the first check of a new vLLM takes about 10 s, later ones are instant.
+once per vLLM version in a subprocess and cached as JSON in vf-rl's cache (``config/cache.py``:
+``$VF_RL_CACHE``, default ``~/.cache/vf-rl``): the first check of a new vLLM takes about 10 s,
+later ones are instant.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
+from .cache import cached_json
 from .rules import ConfigError, suggest
 
 _READ_PARSER = """
@@ -49,24 +50,19 @@ def serve_options(timeout: float = 180.0) -> dict[str, dict] | None:
     version = vllm_version()
     if version is None:
         return None
-    cache = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
-    path = cache / f"vllm-serve-options-{version}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
-    try:
-        result = subprocess.run([sys.executable, "-c", _READ_PARSER], capture_output=True, text=True,
-                                timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return None
-    if result.returncode != 0:
-        return None
-    options = json.loads(result.stdout.strip().splitlines()[-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(options))
-    os.replace(tmp, path)
-    return options
+
+    def read_parser() -> dict[str, dict] | None:
+        env = {**os.environ, "VLLM_TARGET_DEVICE": os.environ.get("VLLM_TARGET_DEVICE", "cpu")}
+        try:
+            result = subprocess.run([sys.executable, "-c", _READ_PARSER], capture_output=True, text=True,
+                                    timeout=timeout, env=env)
+        except subprocess.TimeoutExpired:
+            return None
+        if result.returncode != 0:
+            return None
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    return cached_json(f"vllm-serve-options-{version}", read_parser)
 
 
 def check_inference_args(args: dict, options: dict[str, dict] | None = None) -> bool:
