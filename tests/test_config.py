@@ -332,10 +332,10 @@ def test_training_argument_types_rebuild_from_the_cache_as_toml_values_need():
 
     from transformers import TrainingArguments
 
-    from vf_rl.config.rules import _decode_type, _encode_type
+    from vf_rl.config.training_arguments import decode_type, encode_type
 
     hints = typing.get_type_hints(TrainingArguments)
-    decoded = {f.name: _decode_type(json.loads(json.dumps(_encode_type(hints[f.name]))))
+    decoded = {f.name: decode_type(json.loads(json.dumps(encode_type(hints[f.name]))))
                for f in dataclasses.fields(TrainingArguments) if f.init}
     assert decoded["learning_rate"] is float and decoded["seed"] is int and decoded["bf16"] is bool
     assert decoded["eval_strategy"] is str and decoded["lr_scheduler_type"] is str

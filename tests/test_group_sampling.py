@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import pickle
 import threading
 from concurrent.futures import Future
@@ -18,7 +19,12 @@ from vf_rl.env_api.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
 from vf_rl.trainer.batching import prompt_rows
 from vf_rl.trainer.orchestrator import Orchestrator, batch_rows
-from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source, start_orchestrator
+from vf_rl.trainer.orchestrator_process import (
+    OrchestratorProcess,
+    begin_orchestrator,
+    env_source,
+    start_orchestrator,
+)
 
 
 def reverse_text():
@@ -227,6 +233,27 @@ def test_start_orchestrator_falls_back_to_a_thread_and_says_why(capsys):
     assert isinstance(orchestrator, Orchestrator) and capsys.readouterr().out == ""
 
 
+def test_orchestrator_process_starts_before_its_server_and_reports_a_failed_environment():
+    """The process starts (and rebuilds the environment) before anything is known of the server;
+    one begun and never started closes cleanly (the trainer's wait for the server failed); an
+    environment that fails to rebuild there is one RuntimeError at ``start``, naming the cause."""
+    env = reverse_text()
+    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,
+                   sampling_args={"max_tokens": 4}, max_seq_len=64)
+    begun = begin_orchestrator(env, [{"prompt": "q", "row_id": 0}], advantage_fn=pickle.loads)
+    assert isinstance(begun, OrchestratorProcess)
+    process = begun._manager._process
+    begun.close()
+    process.join(30)
+    assert not process.is_alive()
+    broken = OrchestratorProcess(functools.partial(load_environment, "no-such-environment"), [{"prompt": "q"}])
+    with pytest.raises(RuntimeError, match="the orchestrator process could not start: ValueError: unknown environment "
+                                           "'no-such-environment'") as raised:
+        broken.start(**options)
+    assert "\n" not in str(raised.value)  # one line, the cause; the process's traceback is in __cause__
+    assert begin_orchestrator(env, [], advantage_fn=lambda rewards: rewards) is None  # a lambda: a thread
+
+
 SCRIPT = """
 import os, sys
 print("top level ran", flush=True)  # no main guard: spawn must not run this again
@@ -238,7 +265,7 @@ env = load_environment("reverse-text", few_shot=2, source="offline")
 rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(sys.argv[2]), 512)[:4]
 options = dict(base_url=sys.argv[1], model_name=sys.argv[2], batch_size=2, rollouts_per_example=2,
                sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=600)
-orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+orchestrator = OrchestratorProcess(env_source(env, options), rows).start(**options)
 print("batch", len(orchestrator.wait(0).rollouts), flush=True)
 orchestrator.close()
 """
@@ -268,7 +295,7 @@ def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
     rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(model_dir), 512)[:8]
     options = dict(base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4, rollouts_per_example=2,
                    sampling_args={"max_tokens": 6, "temperature": 1.0}, max_seq_len=600)
-    orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+    orchestrator = OrchestratorProcess(env_source(env, options), rows).start(**options)
     try:
         orchestrator.submit(0)
         push = Future()
@@ -286,7 +313,7 @@ def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
         assert len(evaluated) == 3 and all(r.error is None for r in evaluated)
     finally:
         orchestrator.close()
-    bad = OrchestratorProcess(env_source(env), rows, **{**options, "model_name": "no-such-model"})
+    bad = OrchestratorProcess(env_source(env), rows).start(**{**options, "model_name": "no-such-model"})
     try:
         with pytest.raises(RuntimeError, match="every rollout of batch 0 failed"):
             bad.wait(0)

@@ -12,13 +12,7 @@ file's GPU layout and the trainer to the devices it finds.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
-import enum
-import functools
-import importlib.metadata
-import operator
-import types
 import typing
 from functools import lru_cache
 from typing import Any
@@ -26,8 +20,8 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
-from .cache import cached_json
 from .choices import run_choices
+from .training_arguments import training_arguments_types
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 PREFLIGHT_CHOICES = ("warn", "strict", "off")
@@ -52,73 +46,6 @@ def _field_types() -> dict[str, Any]:
     return typing.get_type_hints(RLArgs)
 
 
-@lru_cache(maxsize=1)
-def _training_arguments_types() -> dict[str, Any]:
-    """transformers' ``TrainingArguments`` field types by name, asked for when ``[trainer.args]``
-    names a key vf-rl does not declare. Kept in vf-rl's cache per transformers version
-    (``config/cache.py``): the first check of a version imports transformers, and with it torch
-    (seconds before a launch starts anything); later checks rebuild the types from the cache."""
-    try:
-        version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
-    encoded = (cached_json(f"training-arguments-{version}", _encode_training_arguments) if version
-               else _encode_training_arguments())
-    return {name: _decode_type(spec) for name, spec in encoded.items()}
-
-
-def _encode_training_arguments() -> dict[str, Any]:
-    from transformers import TrainingArguments
-
-    try:
-        hints = typing.get_type_hints(TrainingArguments)
-    except Exception:  # an annotation that does not evaluate here: names only
-        hints = {}
-    return {f.name: _encode_type(hints.get(f.name, Any)) for f in dataclasses.fields(TrainingArguments) if f.init}
-
-
-_BUILTIN_TYPES = {t.__name__: t for t in (bool, int, float, str, dict, list)} | {"None": type(None), "Any": Any}
-
-
-def _encode_type(tp: Any) -> Any:
-    """A field type as JSON that rebuilds without transformers: a builtin's name, ``["|", ...]``
-    for a union, ``["list", item]``, ``["dict", key, value]``, ``["Literal", values...]``; an enum
-    class is ``"str"`` (a TOML value names its member by the string), any other class ``"Any"``
-    (left to ``TrainingArguments`` to check)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        return ["|", *map(_encode_type, args)]
-    if origin is typing.Literal and all(isinstance(a, (bool, int, float, str)) for a in args):
-        return ["Literal", *args]
-    if origin in (list, dict) and args:
-        return [origin.__name__, *map(_encode_type, args)]
-    if tp is type(None) or tp is None:
-        return "None"
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        return "str"
-    if isinstance(tp, type) and tp.__name__ in _BUILTIN_TYPES and _BUILTIN_TYPES[tp.__name__] is tp:
-        return tp.__name__
-    return "Any"
-
-
-def _decode_type(spec: Any) -> Any:
-    """The type :func:`_encode_type` wrote (``Any`` for what it does not know)."""
-    if isinstance(spec, str):
-        return _BUILTIN_TYPES.get(spec, Any)
-    if not isinstance(spec, list) or not spec:
-        return Any
-    head, args = spec[0], spec[1:]
-    if head == "|" and args:
-        return functools.reduce(operator.or_, map(_decode_type, args))
-    if head == "Literal" and args:
-        return typing.Literal[tuple(args)]
-    if head == "list" and len(args) == 1:
-        return list[_decode_type(args[0])]
-    if head == "dict" and len(args) == 2:
-        return dict[_decode_type(args[0]), _decode_type(args[1])]
-    return Any
-
-
 def _type_text(tp: Any) -> str:
     return getattr(tp, "__name__", None) if isinstance(tp, type) else str(tp).replace("typing.", "")
 
@@ -135,7 +62,7 @@ def check_types(args: dict[str, Any], prefix: str = "") -> None:
     for key, value in args.items():
         tp = _field_types().get(key)  # vf-rl's keys and their older names
         if tp is None:
-            others = _training_arguments_types()
+            others = training_arguments_types()
             if key not in others:
                 valid = [*rl_fields(), *others]
                 raise ConfigError(f"unknown key '{prefix}{key}'{suggest(key, valid)}")

@@ -28,6 +28,7 @@ from typing import Callable
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.parent_watch import kill_children, start_parent_watch
 
+from .filtering import DifficultyFilter
 from .orchestrator import Batch, Orchestrator, report_progress
 
 
@@ -85,8 +86,7 @@ def _pickles(value) -> bool:
 class HostedOrchestrator:
     """The orchestrator as its process holds it; every method is called from the trainer."""
 
-    def __init__(self, source, rows: list[dict], kwargs: dict):
-        env = source if isinstance(source, Environment) else source()
+    def __init__(self, env: Environment, rows: list[dict], kwargs: dict):
         self.orchestrator = Orchestrator(env, rows, **kwargs)
 
     def submit(self, step: int, policy_step: int | None) -> None:
@@ -117,60 +117,71 @@ class HostedOrchestrator:
         kill_children()  # what the environment started (a process pool) would outlive this process
 
 
-_hosted: HostedOrchestrator | BaseException | None = None
+_prepared: tuple[Environment, list[dict]] | BaseException | None = None
 
 
-def _build(source, rows: list[dict], kwargs: dict) -> None:
+def _build(source, rows: list[dict]) -> None:
     """The manager process's initializer, run in its main thread (environments may install signal
-    handlers, which only the main thread can): watch the trainer, build the orchestrator, keep
-    it, or the error, for :func:`_get`."""
-    global _hosted
+    handlers, which only the main thread can): watch the trainer, rebuild the environment, keep
+    it, or the error, for :func:`_host`."""
+    global _prepared
     start_parent_watch()
     try:
-        _hosted = HostedOrchestrator(source, rows, kwargs)
-    except BaseException as exc:  # raised to the trainer by _get, with this process's traceback
-        _hosted = exc
+        _prepared = (source if isinstance(source, Environment) else source(), rows)
+    except BaseException as exc:  # raised to the trainer by _host, with this process's traceback
+        _prepared = exc
 
 
-def _get() -> HostedOrchestrator:
-    if isinstance(_hosted, BaseException):
-        raise _hosted
-    return _hosted
+def _host(kwargs: dict) -> HostedOrchestrator:
+    if isinstance(_prepared, BaseException):
+        raise _prepared
+    return HostedOrchestrator(*_prepared, kwargs)
 
 
 class _Manager(BaseManager):
     pass
 
 
-_Manager.register("HostedOrchestrator", _get, exposed=("submit", "submitted", "wait", "progress", "wait_idle", "run",
+_Manager.register("HostedOrchestrator", _host, exposed=("submit", "submitted", "wait", "progress", "wait_idle", "run",
                                                        "set_active", "close"))
 
 
 class OrchestratorProcess:
-    """:class:`~vf_rl.trainer.orchestrator.Orchestrator`'s interface, served by another process.
+    """:class:`~vf_rl.trainer.orchestrator.Orchestrator`'s interface, served by another process,
+    in two parts: creating it starts the process, which imports vf-rl and rebuilds the
+    environment (seconds: the trainer does it while the inference server starts), and
+    :meth:`start` builds the orchestrator there once its server is known.
 
     Args:
         source: from :func:`env_source` (not ``None``).
         rows: training rows, as for ``Orchestrator``.
-        **kwargs: ``Orchestrator``'s keyword arguments (all picklable: the advantage function
-            and difficulty filter are sent by reference).
-    Raises:
-        RuntimeError: the process could not be started or could not build the orchestrator
-            (the environment failed to load there); the message names the cause.
     """
 
-    def __init__(self, source, rows: list[dict], **kwargs):
-        self.batch_size = kwargs["batch_size"]
+    def __init__(self, source, rows: list[dict]):
         self._manager = _Manager(ctx=multiprocessing.get_context("spawn"))
         with _main_script_hidden():
-            self._manager.start(_build, (source, rows, kwargs))
-        try:
-            self._remote = self._manager.HostedOrchestrator()
-        except Exception as exc:
-            self._manager.shutdown()
-            raise RuntimeError(f"the orchestrator process could not start: {type(exc).__name__}: {exc}") from exc
+            self._manager.start(_build, (source, rows))
+        self._remote = None
         self._gates: dict[int, threading.Thread] = {}  # batches waiting for a weight push before they are sent
         self._waiter = ThreadPoolExecutor(1, thread_name_prefix="vf-rl-orchestrator-wait")
+
+    def start(self, **kwargs) -> OrchestratorProcess:
+        """Build the orchestrator in the process; returns ``self``.
+
+        Args:
+            **kwargs: ``Orchestrator``'s keyword arguments (all picklable: the advantage
+                function and difficulty filter are sent by reference).
+        Raises:
+            RuntimeError: the process could not build the orchestrator (the environment failed
+                to load there); the message names the cause, and the process is stopped.
+        """
+        self.batch_size = kwargs["batch_size"]
+        try:
+            self._remote = self._manager.HostedOrchestrator(kwargs)
+        except Exception as exc:
+            self._manager.shutdown()
+            raise RuntimeError(f"the orchestrator process could not start: {_last_line(exc)}") from exc
+        return self
 
     def set_active(self, servers) -> None:
         """As ``Orchestrator.set_active``."""
@@ -215,20 +226,55 @@ class OrchestratorProcess:
     def close(self) -> None:
         """Stop the orchestrator and its process."""
         try:
-            self._remote.close()
+            if self._remote is not None:
+                self._remote.close()
         except Exception:
             pass  # the process is gone already
         self._waiter.shutdown(wait=False, cancel_futures=True)
         self._manager.shutdown()
 
 
-def start_orchestrator(env: Environment, rows: list[dict], in_process: bool = True, **options):
+def _last_line(exc: Exception) -> str:
+    """``Type: message`` of ``exc``; for an error raised in the manager's process (a
+    ``RemoteError`` carrying that process's traceback as text), the traceback's last line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("-")]
+    if type(exc).__name__ == "RemoteError" and lines:
+        return lines[-1]
+    return f"{type(exc).__name__}: {exc}"
+
+
+def orchestrator_options(args, servers, advantage_fn) -> dict:
+    """``Orchestrator``'s keyword arguments from the trainer's ``args`` (an ``RLConfig``) and its
+    inference ``servers`` (clients with ``base_url``), all but ``model_name``, which the weight-sync
+    choice sets once the server answers."""
+    a = args
+    return dict(
+        base_url=[f"{server.base_url}/v1" for server in servers], batch_size=a.batch_size,
+        rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(), max_seq_len=a.max_seq_len,
+        advantage_fn=advantage_fn, max_concurrent=a.max_concurrent, generation_timeout=a.generation_timeout,
+        request_timeout=a.request_timeout, mask_truncated_completions=a.mask_truncated_completions,
+        zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
+        difficulty_filter=DifficultyFilter.from_args(a))
+
+
+def begin_orchestrator(env: Environment, rows: list[dict], **options) -> OrchestratorProcess | None:
+    """The orchestrator's process for ``env``, started now (:class:`OrchestratorProcess`), when
+    :func:`env_source` can send the environment and ``options`` (the ``Orchestrator`` keyword
+    arguments known so far); ``None`` when it cannot, and the orchestrator is to be a thread."""
+    source = env_source(env, options)
+    return OrchestratorProcess(source, rows) if source is not None else None
+
+
+def start_orchestrator(env: Environment, rows: list[dict], in_process: bool = True,
+                       begun: OrchestratorProcess | None = None, **options):
     """An :class:`OrchestratorProcess` when ``in_process`` and :func:`env_source` can send the
-    environment, else an :class:`~vf_rl.trainer.orchestrator.Orchestrator` thread (with a line
-    saying why, when a process was asked for). ``options``: ``Orchestrator``'s keyword arguments."""
-    source = env_source(env, options) if in_process else None
-    if source is not None:
-        return OrchestratorProcess(source, rows, **options)
+    environment (``begun``: one :func:`begin_orchestrator` started earlier), else an
+    :class:`~vf_rl.trainer.orchestrator.Orchestrator` thread (with a line saying why, when a
+    process was asked for). ``options``: ``Orchestrator``'s keyword arguments."""
+    if begun is None and in_process:
+        begun = begin_orchestrator(env, rows, **options)
+    if begun is not None:
+        return begun.start(**options)
     if in_process:
         print("Orchestrator: a thread in the trainer process (the environment or the advantage function is defined "
               "in the running script, or does not pickle)", flush=True)

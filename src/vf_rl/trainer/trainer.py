@@ -42,7 +42,6 @@ from .attention import register_attention
 from .batching import StepsDataset, prompt_rows
 from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
 from .checkpoints import CheckpointingTrainer
-from .filtering import DifficultyFilter
 from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from .model import (  # noqa: F401
@@ -56,7 +55,7 @@ from .model import (  # noqa: F401
     offload_checkpoints,
 )
 from .orchestrator import Batch, Orchestrator
-from .orchestrator_process import start_orchestrator
+from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
 from .packing import plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
 from .tiling import tile_mlps
@@ -155,20 +154,27 @@ class RLTrainer(CheckpointingTrainer):
             resume_from_checkpoint = self.args.resume_from_checkpoint
         if resume_from_checkpoint and self.is_world_process_zero():
             self.prepare_resume(resume_from_checkpoint)
+        a, begun = self.args, None
         if self.is_world_process_zero():
-            record_python_run(self.args, self.served_model_name, self.env)  # <output_dir>/resolved.toml
-            print(f"Trainer: {self.args.world_size} process(es), main on {self.args.device}", flush=True)
+            record_python_run(a, self.served_model_name, self.env)  # <output_dir>/resolved.toml
+            print(f"Trainer: {a.world_size} process(es), main on {a.device}", flush=True)
+            if a.orchestrator_process:  # its imports and the environment's rebuild, while the server starts
+                begun = begin_orchestrator(self.env, self._rows, **orchestrator_options(a, self.servers, self.advantage_fn))
             print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
             up_s, asked = time.time() - psutil.Process().create_time(), time.perf_counter()
-            for server in self.servers:
-                server.wait_until_ready(self.args.vllm_server_timeout)
-            # where a run's start goes: the trainer's own start (imports, model load) against the
-            # wait for the server (vLLM's start-up, with torch.compile and CUDA graphs on a GPU)
+            try:
+                for server in self.servers:
+                    server.wait_until_ready(a.vllm_server_timeout)
+            except BaseException:
+                if begun is not None:
+                    begun.close()
+                raise
+            # where a run's start goes: the trainer's own start against the wait for vLLM's
             print(f"vf-vllm ready: the trainer process ran {up_s:.1f} s before it asked, then waited "
                   f"{time.perf_counter() - asked:.1f} s", flush=True)
         self._started = time.perf_counter()  # timing/elapsed_s: training time, not the server's start-up
         if self.is_world_process_zero():
-            self._start_inference_side()
+            self._start_inference_side(begun)
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
@@ -188,8 +194,9 @@ class RLTrainer(CheckpointingTrainer):
                                             a.weight_sync_bucket_mb, a.vllm_server_timeout)
         return kind
 
-    def _start_inference_side(self) -> None:
-        """Main process: open the weight-sync transport, start the orchestrator."""
+    def _start_inference_side(self, begun=None) -> None:
+        """Main process: open the weight-sync transport, start the orchestrator (in ``begun``, the
+        process :func:`begin_orchestrator` started, when there is one)."""
         a = self.args
         kind = self._open_weight_sync()
         model_name = self.served_model_name
@@ -197,15 +204,9 @@ class RLTrainer(CheckpointingTrainer):
             self.weight_sync.push(self.accelerator.unwrap_model(self.model))
             model_name = LORA_NAME
         print(f"Weight sync: {kind}" + (" (auto)" if a.weight_sync == "auto" else ""), flush=True)
-        options = dict(
-            base_url=[f"{server.base_url}/v1" for server in self.servers], model_name=model_name,
-            batch_size=a.batch_size, rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(),
-            max_seq_len=a.max_seq_len, advantage_fn=self.advantage_fn, max_concurrent=a.max_concurrent,
-            generation_timeout=a.generation_timeout, request_timeout=a.request_timeout,
-            mask_truncated_completions=a.mask_truncated_completions,
-            zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
-            difficulty_filter=DifficultyFilter.from_args(a))
-        self.orchestrator = start_orchestrator(self.env, self._rows, a.orchestrator_process, **options)
+        self.orchestrator = start_orchestrator(self.env, self._rows, a.orchestrator_process, begun=begun,
+                                               model_name=model_name,
+                                               **orchestrator_options(a, self.servers, self.advantage_fn))
 
     def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
         """One optimizer step's forward/backward passes (``Trainer`` then steps the optimizer)."""
