@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     try:
         for path in opts.paths.split(","):
             if path == "group-process":
-                orchestrator = OrchestratorProcess(env_source(env, options), rows, **options)
+                orchestrator = OrchestratorProcess(env_source(env, options), rows).start(**options)
             elif path in ("chat-thread", "group-thread"):
                 thread_env = load_environment(opts.env, **json.loads(opts.env_args))
                 if path == "chat-thread":  # the base class's path: one chat completion per rollout

@@ -22,7 +22,7 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from multiprocessing.managers import BaseManager
+from multiprocessing.managers import BaseManager, RemoteError
 from typing import Callable
 
 from vf_rl.env_api import Environment, Rollout
@@ -238,7 +238,7 @@ def _last_line(exc: Exception) -> str:
     """``Type: message`` of ``exc``; for an error raised in the manager's process (a
     ``RemoteError`` carrying that process's traceback as text), the traceback's last line."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip().strip("-")]
-    if type(exc).__name__ == "RemoteError" and lines:
+    if isinstance(exc, RemoteError) and lines:
         return lines[-1]
     return f"{type(exc).__name__}: {exc}"
 
