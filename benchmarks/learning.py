@@ -30,7 +30,8 @@ environment's tokens are masked out with ``env_mask`` and the reward is the rubr
 
 Output: a table (reward at 2/4/8/16/30 minutes: the mean over the steps each side finished in
 the 30 s up to then, at least its last 3; held-out reward before and after; time to reach the
-best TRL side's final reward; seconds per step, rollouts per second, the share of a step vf-rl waits for generation; peak
+best TRL side's final reward; seconds per step, rollouts per second, the share of a step vf-rl
+waits for generation; peak
 memory: CPU summed RSS of each side's processes, GPU ``nvidia-smi`` memory in use above the
 idle baseline, sampled every second); ``--json`` in the format of ``benchmarks/results/
 learning-*.json``: ``{"settings", "sides": {side: {"rollouts_per_step", "max_tokens", "points":
@@ -460,16 +461,6 @@ def nvidia_smi(query: str) -> list[tuple[str, ...]]:
     return [row for row in rows if len(row) == fields and row[-1].isdigit()]  # not a message line
 
 
-def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution``, or ``None``."""
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def gpu_names() -> list[dict]:
     """``[{"name": str, "memory_total_mib": int}]`` of the GPUs this process sees, so that a
     result says which card its times and peaks come from."""
@@ -754,7 +745,9 @@ def main(argv=None) -> int:
         if opts.device == "gpu":
             settings["gpus"] = gpu_names()
             # vf-rl's trainer applies liger-kernel with torch_compile = false when it is installed
-            settings["liger_kernel"] = installed_version("liger-kernel")
+            from vf_rl.config.cache import package_version
+
+            settings["liger_kernel"] = package_version("liger-kernel")
         result = {"settings": settings, "sides": {}}
         for side in sides:
             print(f"learning: running {side} ...", flush=True)

@@ -9,6 +9,7 @@ file per fact and package version (``vllm-serve-options-<version>.json``,
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -18,6 +19,15 @@ from typing import Any, Callable
 def cache_dir() -> Path:
     """``$VF_RL_CACHE`` (default ``~/.cache/vf-rl``), ``~`` expanded; not created here."""
     return Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")).expanduser()
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (read from its metadata, not imported), or
+    ``None`` when it is not installed."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def cached_json(name: str, compute: Callable[[], Any]) -> Any:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-import importlib.metadata
 import operator
 import types
 import typing
 from functools import lru_cache
 from typing import Any
 
-from .cache import cached_json
+from .cache import cached_json, package_version
 
 
 @lru_cache(maxsize=1)
@@ -24,10 +23,7 @@ def training_arguments_types() -> dict[str, Any]:
     names a key vf-rl does not declare. Kept in vf-rl's cache per transformers version
     (``config/cache.py``): the first check of a version imports transformers, and with it torch
     (seconds before a launch starts anything); later checks rebuild the types from the cache."""
-    try:
-        version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
+    version = package_version("transformers")
     encoded = (cached_json(f"training-arguments-{version}", _encode_training_arguments) if version
                else _encode_training_arguments())
     return {name: decode_type(spec) for name, spec in encoded.items()}

