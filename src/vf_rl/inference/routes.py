@@ -20,11 +20,16 @@ one when the server listens beyond loopback, and ``vf-vllm`` refuses to listen b
 without one). vLLM's OpenAI routes keep vLLM's own ``--api-key``. vLLM's dev-mode routes
 (``/collective_rpc``...) are never needed.
 
-One of vLLM's routes is adjusted: a ``POST /inference/v1/generate`` (vLLM's token-in/token-out
-route, served with ``--enable-scale-out``) whose JSON body names no ``output_mode`` is answered in
-``"text"`` mode instead of vLLM 0.32's default ``"tokens"``: verifiers v1's training client
-(``renderers.client.generate``, renderers <= 0.1.12) sends none and reads the text-mode logprobs
-(``{"token": "token_id:N", "logprob": ...}`` under ``--return-tokens-as-token-ids``).
+``POST /inference/v1/generate`` (vLLM's token-in/token-out route, which verifiers v1's training
+client ``renderers.client.generate`` calls) is adjusted or supplied:
+
+- where vLLM serves it (0.32 with ``--enable-scale-out``), a JSON body that names no
+  ``output_mode`` is answered in ``"text"`` mode instead of vLLM 0.32's default ``"tokens"``:
+  renderers <= 0.1.12 sends none and reads the text-mode logprobs (``{"token": "token_id:N",
+  "logprob": ...}`` under ``--return-tokens-as-token-ids``);
+- where it does not (vLLM 0.26-0.31, or 0.32 with ``--no-enable-scale-out``; checked once in the
+  app's routes), vf-vllm answers it itself for text prompts with vLLM's engine client, in the
+  same text-mode shape (:mod:`vf_rl.inference.token_route`; multimodal requests get a 400).
 """
 
 from __future__ import annotations
@@ -80,8 +85,13 @@ async def _text_output_mode_by_default(request: Request) -> None:
 
 
 async def weight_sync_routes(request: Request, call_next):
-    """ASGI HTTP middleware: answer vf-rl's routes, pass everything else to vLLM."""
+    """ASGI HTTP middleware: answer vf-rl's routes (and ``/inference/v1/generate`` where vLLM lacks
+    it), pass everything else to vLLM."""
     if (request.method, request.url.path) == GENERATE_ROUTE:
+        from vf_rl.inference.token_route import has_native_route, serve_generate
+
+        if not has_native_route(request.app):
+            return await serve_generate(request)
         await _text_output_mode_by_default(request)
         return await call_next(request)
     if (request.method, request.url.path) not in ROUTES:
