@@ -159,19 +159,17 @@ def toml_pairs(pairs: list[str], option: str = "--vf-arg") -> dict:
         raise SystemExit(f"{option}: expected KEY=VALUE with a TOML value ({exc})") from None
 
 
-def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
-    """``vf-rl @ config --wait`` in real tmux; points from ``metrics.jsonl``."""
-    import tomli_w
-
-    from vf_rl.inference.communicator import free_port
-
-    port = free_port()
+def vf_rl_config(opts, spec: EnvSpec, out: Path, port: int) -> dict:
+    """The vf-rl side's config (the TOML ``vf-rl @`` reads): the shared settings, then the
+    environment's trainer arguments, then ``--vf-arg`` ([trainer.args]) and ``--vllm-arg``
+    ([inference.args])."""
     gpus = 1 if opts.device == "gpu" else 0
     inference_args = {"max_model_len": spec.max_seq_len + 512}
     if opts.device == "cpu" or opts.enforce_eager:
         inference_args["enforce_eager"] = True
     if opts.shared and gpus:
         inference_args["gpu_memory_utilization"] = opts.vllm_memory
+    inference_args |= toml_pairs(opts.vllm_arg, "--vllm-arg")
     args = {"output_dir": str(out / "vf-rl"), "run_name": f"learning-{opts.env}", "vllm_server_port": port,
             "batch_size": opts.prompts * opts.rollouts, "rollouts_per_example": opts.rollouts,
             "micro_batch_size": opts.micro_batch, "max_tokens": opts.max_tokens, "max_seq_len": spec.max_seq_len,
@@ -180,9 +178,20 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
             "save_steps": 10 ** 6, "seed": opts.seed, "eval_strategy": "steps", "eval_steps": opts.eval_every,
             "num_eval_examples": opts.eval_examples, "eval_rollouts_per_example": opts.eval_rollouts,
             **spec.trainer_args, **toml_pairs(opts.vf_arg)}
-    config = {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
-              "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
-              "trainer": {"gpus": gpus, "args": args}}
+    return {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
+            "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
+            "trainer": {"gpus": gpus, "args": args}}
+
+
+def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
+    """``vf-rl @ config --wait`` in real tmux; points from ``metrics.jsonl``."""
+    import tomli_w
+
+    from vf_rl.inference.communicator import free_port
+
+    port = free_port()
+    gpus = 1 if opts.device == "gpu" else 0
+    config = vf_rl_config(opts, spec, out, port)
     path = out / "vf-rl.toml"
     path.write_text(tomli_w.dumps(config))
     # on the CPU: the trainer's and the server's memory (both read <output_dir>/resolved.toml)
@@ -696,6 +705,8 @@ def main(argv=None) -> int:
     p.add_argument("--sides", default="vf-rl,trl")
     p.add_argument("--vf-arg", action="append", default=[], help="KEY=VALUE: another [trainer.args] key for the "
                    "vf-rl side (a TOML value; repeatable), e.g. --vf-arg max_off_policy_steps=2")
+    p.add_argument("--vllm-arg", action="append", default=[], help="KEY=VALUE: another [inference.args] key for the "
+                   "vf-rl side's vf-vllm (e.g. api_server_count=4), repeatable")
     p.add_argument("--env-arg", action="append", default=[], help="KEY=VALUE: a load_environment argument for "
                    "every side, over the benchmark's own (a TOML value; repeatable), e.g. --env-arg few_shot=0")
     p.add_argument("--out", type=Path, default=None)

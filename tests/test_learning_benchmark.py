@@ -227,3 +227,21 @@ def test_vf_and_env_args_are_toml_values():
         learning.toml_pairs(["loss_type=dapo"])
     with pytest.raises(SystemExit, match="--env-arg"):
         learning.toml_pairs(["few_shot=two"], "--env-arg")
+
+
+def test_vllm_args_reach_the_vf_rl_sides_inference_table(tmp_path):
+    from types import SimpleNamespace
+
+    learning = _learning()
+    opts = SimpleNamespace(device="gpu", enforce_eager=False, shared=True, vllm_memory=0.3, env="alphabet-sort",
+                           model="/m", prompts=16, rollouts=8, micro_batch=128, max_tokens=128, steps=10, minutes=8.0,
+                           lr=1e-4, lora_rank=8, lora_alpha=32, seed=42, eval_every=10 ** 6, eval_examples=32,
+                           eval_rollouts=2, vf_arg=["torch_compile=false"],
+                           vllm_arg=["api_server_count=4", "gpu_memory_utilization=0.25"])
+    config = learning.vf_rl_config(opts, learning.ENVS["alphabet-sort"], tmp_path, 8123)
+    assert config["inference"]["args"]["api_server_count"] == 4
+    assert config["inference"]["args"]["gpu_memory_utilization"] == 0.25  # --vllm-arg wins over --vllm-memory
+    assert config["trainer"]["args"]["torch_compile"] is False and "api_server_count" not in config["trainer"]["args"]
+    with pytest.raises(SystemExit, match="--vllm-arg"):
+        learning.vf_rl_config(SimpleNamespace(**{**vars(opts), "vllm_arg": ["api_server_count=four"]}),
+                              learning.ENVS["alphabet-sort"], tmp_path, 8123)

@@ -44,9 +44,16 @@ pkgs="trl==1.16.0 datasets==5.0.1 multiprocess==0.70.19 liger_kernel==0.8.5"
 for p in libtmux tomli_w math-verify latex2sympy2_extended antlr4-python3-runtime faker english-words bm25s; do
   pkgs+=" $p==$(ver $p)"
 done
+# verifiers v1 environments (session.sh v1): verifiers and renderers, and what their import needs beyond the
+# image and the vLLM bundle (found with packages_distributions() after loading a v1 environment here)
+for p in verifiers renderers prime-pydantic-config prime-sandboxes connectrpc pyqwest protobuf-py protobuf-py-ext \
+    tenacity aiofiles rich pygments markdown-it-py mdurl tiktoken aiolimiter msgpack; do
+  pkgs+=" $p==$(ver $p)"
+done
 mkdir -p "$REPO/.gpu/whl" "$REPO/.gpu/debs"
 "$REPO/.venv/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-  --platform manylinux2014_x86_64 -d "$REPO/.gpu/whl" $pkgs
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  -d "$REPO/.gpu/whl" $pkgs
 { echo "Extra wheels for the GPU image (Python 3.12), installed by scripts/gpu/env.sh with"
   echo "pip install --no-index --no-deps --target /tmp/site2. Built by scripts/gpu/build_bundle.sh from:"
   echo "$pkgs" | tr ' ' '\n'; echo; echo "Files:"; (cd "$REPO/.gpu/whl" && ls *.whl); } > "$REPO/.gpu/whl/README.txt"

@@ -8,6 +8,8 @@
 #   shared : vf-rl with inference and trainer on one GPU (shared = true)
 #   graphs : the same, 10 steps, vLLM with CUDA graphs (no enforce_eager)
 #   scale  : issue 16, two vf-vllm servers (GPU 0 and GPU 1) feeding one vf-train, 3 steps (tests/test_gpu.py)
+#   v1     : issue 28, a verifiers v1 environment (tests/verifiers_envs/vfx_reverse_text_v1.py, unchanged) trains 3 steps
+#            through vLLM 0.26, which lacks the token route: vf-vllm serves it (needs .gpu's verifiers/renderers wheels)
 #   sync   : the GPU tests of every weight-sync transport (ipc included) and of overlapped pushes
 #   profile: Llama-1.2B full at fixed length with liger (MFU), and a torch.profiler step per side of Qwen2-0.5B LoRA
 #   bench-liger: trainer_step.py at fixed length, eager vf-rl with liger-kernel (wheel in .gpu/liger) vs TRL
@@ -85,6 +87,11 @@ bench-compile)  # vf-rl (defaults: compiled on a GPU) vs TRL, interleaved, no li
   ;;
 sync1b)
   run sync1b 300 python3 benchmarks/weight_sync.py --random llama-1b --tokenizer /tmp/smol --json $OUT/sync.jsonl
+  ;;
+v1)
+  PYTHONPATH=$PYTHONPATH:$REPO/tests/verifiers_envs ENV_ID=someone/vfx-reverse-text-v1 ENV_ARGS="taskset = { few_shot = 2 }" \
+    run v1 300 bash scripts/gpu/vf_rl_run.sh gpu-v1 auto 1 1 true 3
+  grep -ah "reward/lcs_reward\|importance_ratio" /tmp/runs/gpu-v1/metrics.jsonl | head -3 | cut -c1-400
   ;;
 shared)
   run shared 250 bash scripts/gpu/vf_rl_run.sh gpu-shared auto 1 1 true 3
@@ -192,6 +199,7 @@ poll)  # waits for the background runs (POLL_S seconds at most), then packs what
       tail -n 30 $d/vf-rl/logs/trainer.log; } > $P/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $P/$(basename $d).trl-tail.txt 2>/dev/null; \
     cp $d/vf-rl/metrics.jsonl $P/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
+    tail -c 2000000 $d/vf-rl/logs/inference.log > $P/$(basename $d).inference.log 2>/dev/null; \
     for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $P/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far
   find $P -mindepth 1 -empty -delete; tar czf $OUT/e2e.tgz -C $P .
   tail -n 25 /tmp/e2e/*.log

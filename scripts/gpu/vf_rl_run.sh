@@ -1,7 +1,8 @@
 #!/bin/bash
 # usage (GPU machine, after `source scripts/gpu/env.sh`):
 #   scripts/gpu/vf_rl_run.sh NAME WEIGHT_SYNC INFERENCE_GPUS TRAINER_GPUS SHARED(true|false) STEPS [EAGER(true|false)]
-# Writes /tmp/runs/NAME.toml (reverse-text, SmolLM2 in /tmp/smol, LoRA, batch 128 = 16 x 8), runs
+# Writes /tmp/runs/NAME.toml (reverse-text, or ENV_ID with ENV_ARGS (lines of its [env.args] table); SmolLM2 in
+# /tmp/smol, LoRA, batch 128 = 16 x 8), runs
 # `vf-rl @ NAME.toml --wait` (real tmux) with a 6-minute limit, and prints the step lines.
 set -u
 NAME=$1; SYNC=$2; NI=$3; NT=$4; SHARED=$5; STEPS=$6; EAGER=${7:-true}
@@ -10,10 +11,10 @@ PORT=$((8100 + RANDOM % 800))
 cat > /tmp/runs/$NAME.toml <<TOML
 model = "/tmp/smol"
 [env]
-id = "reverse-text"
+id = "${ENV_ID:-reverse-text}"
 [env.args]
-few_shot = 2
-source = "offline"
+${ENV_ARGS:-few_shot = 2
+source = \"offline\"}
 [inference]
 gpus = $NI
 shared = $SHARED
