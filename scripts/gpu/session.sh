@@ -199,7 +199,7 @@ poll)  # waits for the background runs (POLL_S seconds at most), then packs what
       tail -n 30 $d/vf-rl/logs/trainer.log; } > $P/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $P/$(basename $d).trl-tail.txt 2>/dev/null; \
     cp $d/vf-rl/metrics.jsonl $P/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
-    tail -c 2000000 $d/vf-rl/logs/inference.log > $P/$(basename $d).inference.log 2>/dev/null; \
+    { head -n 300 $d/vf-rl/logs/inference.log; echo ...; tail -c 1500000 $d/vf-rl/logs/inference.log; } > $P/$(basename $d).inference.log 2>/dev/null; \
     for t in $d/trl*/; do grep -h "^learning-" $t/trl.log > $P/$(basename $d).$(basename $t)-records.txt 2>/dev/null; done; done  # progress so far
   find $P -mindepth 1 -empty -delete; tar czf $OUT/e2e.tgz -C $P .
   tail -n 25 /tmp/e2e/*.log
