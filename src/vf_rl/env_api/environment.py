@@ -194,31 +194,50 @@ class Environment:
     async def call_model(self, client, model: str, messages: Messages, sampling_args: dict) -> tuple[dict, Turn, bool]:
         """One chat completion with token ids and log-probs.
 
+        The request is the one ``client.chat.completions.create`` would send (``extra_body``
+        merged into the body; ``extra_headers``, ``extra_query`` and ``timeout`` as request
+        options), posted through the client's own ``post`` (its connection pool, retries and
+        ``openai`` errors) and read as plain JSON: parsing the reply into ``openai``'s typed
+        objects, a log-prob object per token, cost the orchestrator about as much CPU per request
+        as the server's own work (``benchmarks/RESULTS.md`` (z)).
+
         Returns:
             ``(assistant_message, turn, truncated)``.
         Raises:
-            RuntimeError: if the server did not return token ids or log-probs (not a vLLM
-                server, or too old).
+            ModelServerError: the server returned no token ids or log-probs (not a vLLM
+                server, or too old), or as many log-probs as tokens.
+            openai.APIError: the request failed (after the client's retries).
         """
-        args = {k: v for k, v in sampling_args.items() if k != "extra_body"}
-        extra_body = {"return_token_ids": True, "skip_special_tokens": False,
-                      **sampling_args.get("extra_body", {})}
-        response = await client.chat.completions.create(
-            model=model, messages=messages, logprobs=True, extra_body=extra_body, **args)
-        choice = response.choices[0]
-        prompt_ids = getattr(response, "prompt_token_ids", None)
-        completion_ids = getattr(choice, "token_ids", None)
-        if prompt_ids is None or completion_ids is None or choice.logprobs is None:
+        import httpx
+
+        args = dict(sampling_args)
+        options = {key: args.pop(key) for key in ("extra_headers", "extra_query", "timeout") if key in args}
+        if "extra_headers" in options:
+            options["headers"] = options.pop("extra_headers")
+        if "extra_query" in options:
+            options["params"] = options.pop("extra_query")
+        body = {"model": model, "messages": messages, "logprobs": True, "return_token_ids": True,
+                "skip_special_tokens": False, **{k: v for k, v in args.items() if k != "extra_body"},
+                **args.get("extra_body", {})}
+        response = await client.post("/chat/completions", body=body, cast_to=httpx.Response,
+                                     **({"options": options} if options else {}))
+        data = json.loads(response.content)
+        choice = data["choices"][0]
+        prompt_ids, completion_ids = data.get("prompt_token_ids"), choice.get("token_ids")
+        content = (choice.get("logprobs") or {}).get("content")
+        if prompt_ids is None or completion_ids is None or content is None:
             raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
-        logprobs = [float(t.logprob) for t in choice.logprobs.content]
+        logprobs = [float(t["logprob"]) for t in content]
         if len(logprobs) != len(completion_ids):
             raise ModelServerError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
-        message = {"role": "assistant", "content": choice.message.content or ""}
-        if choice.message.tool_calls:
-            message["tool_calls"] = [{"id": c.id, "type": "function",
-                                      "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                                     for c in choice.message.tool_calls]
-        return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.finish_reason == "length"
+        reply = choice.get("message") or {}
+        message = {"role": "assistant", "content": reply.get("content") or ""}
+        if reply.get("tool_calls"):
+            message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                      "function": {"name": c["function"]["name"],
+                                                   "arguments": c["function"]["arguments"]}}
+                                     for c in reply["tool_calls"]]
+        return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.get("finish_reason") == "length"
 
     async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
                           semaphore: asyncio.Semaphore, deadline: float | None = None, on_done=None) -> Rollout:
