@@ -17,6 +17,8 @@
 #   bench-compile: trainer_step.py, vf-rl (defaults: compiled layers) and vf-rl eager vs TRL, interleaved, no liger
 #            (BENCH, MODE=fixed|realistic, SIDES, STEPS, EXTRA; carries only .whl, see benchmarks/README.md)
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
+#   apiserver: generation.py's group-process path, idle, with vLLM's --api-server-count 1, 2 and 4 (COUNTS), on
+#            reverse-text and on alphabet-sort (two turns: the second is one chat completion per rollout)
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
@@ -105,6 +107,16 @@ scale)
 generation)
   run generation 540 python3 benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" --rounds ${ROUNDS:-3} \
     --json $OUT/generation.json
+  ;;
+apiserver)
+  AS='{"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1, "max_names_per_turn": 2, "few_shot": 1}'
+  for n in ${COUNTS:-1 2 4}; do
+    run rt-api$n 200 python3 benchmarks/generation.py --serve --model /tmp/smol --paths group-process --modes idle \
+      --rounds ${ROUNDS:-3} --vllm-args "--gpu-memory-utilization 0.3 --api-server-count $n" --json $OUT/api-rt-$n.json
+    run as-api$n 200 python3 benchmarks/generation.py --serve --model /tmp/smol --paths group-process --modes idle \
+      --env alphabet-sort --env-args "$AS" --rounds ${ROUNDS:-3} \
+      --vllm-args "--gpu-memory-utilization 0.3 --api-server-count $n" --json $OUT/api-as-$n.json
+  done
   ;;
 learning)  # ENV may list several environments: they run one after another (TAG is added to each name)
   mkdir -p /tmp/e2e
