@@ -612,3 +612,46 @@ def test_cached_json_computes_once_skips_none_and_replaces_a_broken_file(tmp_pat
     (tmp_path / "c" / "fact-1.json").write_text('{"a": [1,')  # half a file, from elsewhere
     assert cached_json("fact-1", compute) == {"a": [1, "x"]} and len(calls) == 2
     assert json.loads((tmp_path / "c" / "fact-1.json").read_text()) == {"a": [1, "x"]}
+
+
+LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256}
+
+
+def test_shared_split_follows_the_model_and_the_sequences():
+    from vf_rl.memory import GIB, ModelShape, inference_bytes_needed, shared_memory_utilization
+
+    big = ModelShape.from_config(LLAMA_8B)
+    small = ModelShape.from_config({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
+                                    "num_attention_heads": 9, "num_key_value_heads": 3, "intermediate_size": 1536,
+                                    "vocab_size": 49152, "tie_word_embeddings": True})  # SmolLM2-135M
+    # 8B: 16 GB of bf16 weights and 128 KiB of KV cache per token
+    assert inference_bytes_needed(big, 0) > 2 * big.params > 14.9 * GIB
+    assert inference_bytes_needed(big, 1000) - inference_bytes_needed(big, 0) == 1000 * 4 * 32 * 1024
+    split = [shared_memory_utilization(big, {"batch_size": b, "max_seq_len": 8704}) for b in (8, 16, 32)]
+    assert 0.3 < split[0] < split[1] < split[2] <= 0.9, split
+    assert shared_memory_utilization(big, {"batch_size": 8, "max_seq_len": 8704, "max_off_policy_steps": 2}) == split[1]
+    assert shared_memory_utilization(big, {"batch_size": 512, "max_seq_len": 32768}) == 0.9  # capped: the trainer's turn
+    assert shared_memory_utilization(small, {"batch_size": 128, "max_seq_len": 1024}) == 0.3  # the measured floor
+    assert shared_memory_utilization(big, {"batch_size": 8, "max_seq_len": 8704}, gpu_bytes=150 * GIB) < split[0]
+
+
+def test_shared_gpu_split_is_derived_from_a_local_models_config(tmp_path, monkeypatch):
+    from vf_rl.config.schema import load_config
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: an 80 GB GPU is assumed
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    text = edit('"Qwen/Qwen3-4B-Instruct-2507"', json.dumps(str(model))).replace(
+        "[inference]\ngpus = 1", "[inference]\ngpus = 1\nshared = true").replace(
+        "max_seq_len = 512", "max_seq_len = 8704")
+    path = tmp_path / "shared.toml"
+    path.write_text(text.replace("batch_size = 32", "batch_size = 16"))
+    config = load_config(path)
+    assert config.inference.args["gpu_memory_utilization"] == 0.51
+    assert "KV cache" in config._origins["inference.args.gpu_memory_utilization"]
+    path.write_text(text.replace("[inference.args]\n", "[inference.args]\ngpu_memory_utilization = 0.45\n"))
+    config = load_config(path)
+    assert config.inference.args["gpu_memory_utilization"] == 0.45
+    assert config._origins["inference.args.gpu_memory_utilization"] == "config"

@@ -288,6 +288,39 @@ def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES
     return False, f"{line}: does not fit; try " + ", ".join(hints or ["a smaller model"])
 
 
+VLLM_OVERHEAD_BYTES = 2 * GIB
+"""What vLLM holds beside the weights, the KV cache and one forward's activations: the CUDA context,
+captured CUDA graphs, the sampler's buffers."""
+VLLM_BATCHED_TOKENS = 8192
+"""Tokens of one vLLM forward (its ``max_num_batched_tokens`` default with chunked prefill)."""
+SHARED_SPLIT_HEADROOM = 1.15
+"""The derived vLLM share is this much above its estimated need (allocator rounding, fragmentation)."""
+
+
+def inference_bytes_needed(shape: ModelShape, kv_tokens: int, batched_tokens: int = VLLM_BATCHED_TOKENS) -> int:
+    """vLLM's memory (bytes) for ``shape`` with room for ``kv_tokens`` tokens of KV cache: bf16
+    weights ``2 P``, the KV cache ``2 (K and V) x layers x kv_width x 2 bytes`` per token, the bf16
+    activations of one forward of ``batched_tokens`` tokens (the gated MLP's ``2 I`` and ``4 h`` per
+    token), and :data:`VLLM_OVERHEAD_BYTES`."""
+    kv = 4 * shape.layers * shape.kv_width * kv_tokens
+    activations = 2 * batched_tokens * (2 * shape.intermediate + 4 * shape.hidden)
+    return 2 * shape.params + kv + activations + VLLM_OVERHEAD_BYTES
+
+
+def shared_memory_utilization(shape: ModelShape, a: dict, gpu_bytes: int = GPU_80GB_BYTES,
+                              floor: float = 0.3) -> float:
+    """vLLM's ``gpu_memory_utilization`` on a GPU it shares with the trainer (``shared = true``):
+    :func:`inference_bytes_needed` for every rollout in flight at its longest (``batch_size x
+    max_off_policy_steps x max_seq_len`` tokens of KV cache), times :data:`SHARED_SPLIT_HEADROOM`,
+    as a share of ``gpu_bytes`` rounded up to 0.01, at least ``floor`` and at most 0.9; the trainer
+    gets the rest. The floor is the share the small-model runs were measured with (``benchmarks/
+    RESULTS.md``): more KV cache than they need, and the rest still holds their trainer.
+    ``a``: the resolved trainer arguments."""
+    in_flight = int(a["batch_size"]) * max(int(a.get("max_off_policy_steps") or 1), 1)
+    need = inference_bytes_needed(shape, in_flight * int(a["max_seq_len"])) * SHARED_SPLIT_HEADROOM
+    return min(max(math.ceil(100 * need / gpu_bytes) / 100, floor), 0.9)
+
+
 def gpu_total_bytes(index: str) -> int | None:
     """Memory of GPU ``index`` (as ``nvidia-smi`` numbers it), or ``None`` without ``nvidia-smi``."""
     import subprocess

@@ -56,8 +56,12 @@ class EnvSection(_Section):
 class InferenceSection(_Section):
     gpus: StrictInt = Field(ge=0, description="GPUs for vf-vllm (0: run on the CPU).")
     shared: StrictBool = Field(default=False, description="The trainer runs on the inference GPUs too (one GPU for both): "
-                               "vLLM takes inference.args.gpu_memory_utilization of each GPU's memory (default 0.3 "
-                               "here), the trainer the rest.")
+                               "vLLM takes inference.args.gpu_memory_utilization of each GPU's memory, the trainer the "
+                               "rest. Unset, vf-rl derives it from the model's config and the run's sizes: the bf16 "
+                               "weights, a KV cache for `batch_size x max_off_policy_steps x max_seq_len` tokens, one "
+                               "forward's activations and 2 GiB, plus 15%, as a share of the first visible GPU (an 80 "
+                               "GB one when `nvidia-smi` cannot say), at least 0.3 (the share small models were "
+                               "measured with) and at most 0.9; `--dry-run` prints it.")
     args: dict[str, Any] = Field(default_factory=dict, description="vf-vllm flags: key -> --kebab-case.")
 
 
@@ -152,9 +156,33 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 SHARED_GPU_MEMORY_UTILIZATION = 0.3
-"""vLLM's share of the GPU memory with ``[inference] shared = true`` (the trainer takes the rest)."""
+"""vLLM's share of the GPU memory with ``[inference] shared = true`` where it cannot be derived from
+the model's sizes (:func:`shared_split`; the trainer takes the rest)."""
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's choices of ``max_lora_rank``."""
+
+
+def shared_split(config: "VfRlConfig", a: dict[str, Any]) -> tuple[float, str]:
+    """``(gpu_memory_utilization, why)`` for vLLM on the GPU it shares with the trainer: from the
+    model's sizes and the run's (``memory.shared_memory_utilization``) on the first visible GPU
+    (``CUDA_VISIBLE_DEVICES``, else GPU 0; an 80 GB one when none can be queried), else
+    :data:`SHARED_GPU_MEMORY_UTILIZATION` when the model's config cannot be read or there is no GPU."""
+    import os
+
+    from vf_rl.memory import GIB, GPU_80GB_BYTES, gpu_total_bytes, load_shape, shared_memory_utilization
+
+    if not config.inference.gpus:
+        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true"
+    try:
+        shape = load_shape(config.model)
+    except ValueError:
+        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true (the model's config.json was not readable)"
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+    gpu = gpu_total_bytes(first)
+    share = shared_memory_utilization(shape, a, gpu or GPU_80GB_BYTES, floor=SHARED_GPU_MEMORY_UTILIZATION)
+    where = f"GPU {first} ({gpu / GIB:.0f} GiB)" if gpu else "an 80 GB GPU"
+    return share, (f"inference.shared = true: the weights and a KV cache for batch_size x max_off_policy_steps x "
+                   f"max_seq_len tokens, of {where}, at least {SHARED_GPU_MEMORY_UTILIZATION}")
 
 
 def trainer_values(config: "VfRlConfig") -> dict[str, Any]:
@@ -179,7 +207,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     ``trainer.args``: RLArgs' defaults, overridden by the file, derived defaults filled in
     (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
     the trainer's keys: ``max_model_len`` (``max_seq_len``: one sequence-length truth), ``host``
-    and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (0.3 when shared), the
+    and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (when shared: :func:`shared_split`), the
     LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs), tool
     calling (``tools.tool_flags``: on when the model's chat template has a known tool-call format).
     ``origins`` says where each value came from.
@@ -201,8 +229,8 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     derived = {"max_model_len": (a["max_seq_len"], "trainer.args.max_seq_len"),
                "host": (a["vllm_server_host"], "trainer.args.vllm_server_host"),
                "port": (a["vllm_server_port"], "trainer.args.vllm_server_port")}
-    if config.inference.shared:
-        derived["gpu_memory_utilization"] = (SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true")
+    if config.inference.shared and "gpu_memory_utilization" not in inference:
+        derived["gpu_memory_utilization"] = shared_split(config, a)
     if a["weight_sync"] == "lora":  # serve the adapter
         derived["enable_lora"] = (True, "weight_sync = 'lora'")
         derived["max_lora_rank"] = (next(r for r in LORA_RANKS if r >= int(a["lora_rank"])), "trainer.args.lora_rank")
