@@ -19,6 +19,9 @@
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   apiserver: generation.py's group-process path, idle, with vLLM's --api-server-count 1, 2 and 4 (COUNTS), on
 #            reverse-text and on alphabet-sort (two turns: the second is one chat completion per rollout)
+#   big    : issue 29, an 8B-shaped LoRA run end to end on one shared GPU (vLLM and the trainer; vLLM's share derived
+#            by vf-rl), random weights (scripts/gpu/make_random_model.py: every rollout runs to MAXTOK, default 8192,
+#            sampled tokens), 2 prompts x 4 rollouts, STEPS (default 3), MODEL_CONFIG (default llama-3.1-8b); background
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
@@ -199,10 +202,48 @@ best)  # issue 29: the small-model cases against every TRL side, each side its o
   setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
+big)
+  m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-8192}; mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/big*
+  [ -f $dir/model.safetensors.index.json ] || run make-$m 400 python3 scripts/gpu/make_random_model.py --config $m \
+    --tokenizer /tmp/smol --out $dir
+  cat > /tmp/runs/big.toml <<TOML
+model = "$dir"
+[env]
+id = "reverse-text"
+[env.args]
+few_shot = 0
+source = "offline"
+[inference]
+gpus = 1
+shared = true
+[trainer]
+gpus = 1
+[trainer.args]
+run_name = "big-$m"
+output_dir = "/tmp/e2e/big/vf-rl"
+max_steps = ${STEPS:-3}
+batch_size = 8
+rollouts_per_example = 4
+micro_batch_size = 1
+max_tokens = $tok
+max_seq_len = $((tok + 512))
+lora_rank = 16
+learning_rate = 1e-5
+gradient_checkpointing = true
+torch_compile = false
+save_steps = 1000
+${BIG_EXTRA:-}
+TOML
+  python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
+  setsid nohup bash -c "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big \
+    > /tmp/e2e/big.log 2>&1" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
+  ;;
 poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
   # $OUT/e2e.tgz (one file: $OUT brings back 8 at most) and prints the logs' tails
-  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null || break; sleep 1; done
-  pgrep -f "benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py" > /dev/null && echo "still running"
+  busy="benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py|vf_rl.cli.launch"
+  for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "$busy" > /dev/null || break; sleep 1; done
+  pgrep -f "$busy" > /dev/null && echo "still running"
   P=/tmp/poll; rm -rf $P; mkdir -p $P
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $P/ 2>/dev/null
   # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
