@@ -7,7 +7,9 @@ vLLM 0.26-0.31 have none, and the routes middleware answers it with the engine c
 - ``max_tokens`` ends a reply with finish_reason "length";
 - bad bodies get a 400 with a one-line message naming the problem;
 - a verifiers v1 environment's rollouts and (slow tier) two training steps, the existing tests, run against this
-  server.
+  server;
+- the server runs two API-server processes (vLLM's ``api_server_count``): both answer vf-rl's routes, and a weight
+  update through either reaches the one engine.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ import asyncio
 
 import httpx
 import pytest
+import torch
 from conftest import start_server
+from test_server import TOLERANCE, env, max_logprob_diff, tokenizer, trained_lora_policy  # noqa: F401, F811 (fixtures)
 from test_verifiers_envs import vf_envs_on_path  # noqa: F401  (the fixture, for the v1 rollouts)
+from transformers import AutoModelForCausalLM
+
+from vf_rl.inference.client import InferenceClient
+from vf_rl.trainer.weight_sync import FilesystemSync
+from vf_rl.trainer.weights import export_weights
 
 pytestmark = pytest.mark.server
 MESSAGES = [{"role": "user", "content": "Reverse the text: blue sky"}]
@@ -25,8 +34,10 @@ MESSAGES = [{"role": "user", "content": "Reverse the text: blue sky"}]
 
 @pytest.fixture(scope="module")
 def shim_server(model_dir, tmp_path_factory):
-    """A real vf-vllm whose vLLM serves no /inference/v1/generate of its own."""
-    yield from start_server(model_dir, tmp_path_factory.mktemp("vf-vllm-shim"), "--no-enable-scale-out")
+    """A real vf-vllm whose vLLM serves no /inference/v1/generate of its own, with two API-server processes
+    (vLLM's ``api_server_count``; one server for both, to keep the suite's memory down)."""
+    yield from start_server(model_dir, tmp_path_factory.mktemp("vf-vllm-shim"), "--no-enable-scale-out",
+                            "--api-server-count", "2")
 
 
 def model_renderer(server):
@@ -131,3 +142,28 @@ def test_v1_env_trains_two_steps_on_the_shim(shim_server, model_dir, tmp_path):
     from test_verifiers_envs import test_v1_env_trains_two_steps
 
     test_v1_env_trains_two_steps(shim_server, model_dir, tmp_path, None, None, None)
+
+
+def test_two_api_servers_serve_weight_routes_and_take_weight_updates(shim_server, env, tokenizer, tmp_path):  # noqa: F811
+    """With ``api_server_count = 2``, fresh connections spread over both processes, which both answer vf-rl's
+    routes; a weight update posted to either changes what both sample (the weights live in the one engine)."""
+    server = shim_server
+    log = server.log.read_text()
+    assert "Started 2 API server processes" in log, log[-2000:]
+    for _ in range(6):  # a new connection each time: both processes answer vf-rl's routes
+        info = httpx.get(f"http://127.0.0.1:{server.port}/weight_sync_info", timeout=30).json()
+        assert info == {"workers": 1, "devices": ["cpu"]}
+    policy = trained_lora_policy(server.model)
+    original = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    client = InferenceClient(port=server.port)
+    sync = FilesystemSync(client, tmp_path / "w")
+    try:
+        sync.push(policy)
+        assert max_logprob_diff(policy, server, env, tokenizer) < TOLERANCE
+        assert max_logprob_diff(original, server, env, tokenizer) > 20 * TOLERANCE
+        sync.push(original)
+        assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
+    finally:
+        export_weights(original, tmp_path / "orig")
+        client.update_weights(str(tmp_path / "orig"))
+        sync.close()
