@@ -42,6 +42,9 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.responses import JSONResponse
 
+from vf_rl.inference.token_route import PATH as GENERATE_PATH
+from vf_rl.inference.token_route import has_native_route, serve_generate
+
 SECRET_HEADER = "X-VF-RL-Secret"
 ROUTES = {("GET", "/weight_sync_info"), ("POST", "/update_weights"), ("POST", "/upload_weights"),
           ("POST", "/init_weight_broadcast"), ("POST", "/update_weights_broadcast"), ("POST", "/update_weights_ipc"),
@@ -69,7 +72,7 @@ def weight_secret() -> str | None:
     return secret
 
 
-GENERATE_ROUTE = ("POST", "/inference/v1/generate")
+GENERATE_ROUTE = ("POST", GENERATE_PATH)
 
 
 async def _text_output_mode_by_default(request: Request) -> None:
@@ -88,8 +91,6 @@ async def weight_sync_routes(request: Request, call_next):
     """ASGI HTTP middleware: answer vf-rl's routes (and ``/inference/v1/generate`` where vLLM lacks
     it), pass everything else to vLLM."""
     if (request.method, request.url.path) == GENERATE_ROUTE:
-        from vf_rl.inference.token_route import has_native_route, serve_generate
-
         if not has_native_route(request.app):
             return await serve_generate(request)
         await _text_output_mode_by_default(request)
