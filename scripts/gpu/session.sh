@@ -22,6 +22,8 @@
 #   big    : issue 29, an 8B-shaped LoRA run end to end on one shared GPU (vLLM and the trainer; vLLM's share derived
 #            by vf-rl), random weights (scripts/gpu/make_random_model.py: every rollout runs to MAXTOK, default 8192,
 #            sampled tokens), 2 prompts x 4 rollouts, STEPS (default 3), MODEL_CONFIG (default llama-3.1-8b); background
+#   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
+#            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
@@ -44,6 +46,12 @@ sft() {  # sft ENV: the command that warms SmolLM2 up on ENV (configs/vf-sft/ENV
   sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$1\"#" \
     configs/vf-sft/$1.toml > /tmp/sft-$1.toml
   echo "python3 -m vf_rl.cli.sft @ /tmp/sft-$1.toml > /tmp/e2e/sft-$1.log 2>&1"
+}
+background() {  # background CMD: runs CMD in its own session that outlives this call, then polls (POLL_S); with
+  # FG=1 (a lane of a plan) it runs CMD here and returns when CMD ends
+  if [ "${FG:-0}" = 1 ]; then bash -c "$1"; return; fi
+  setsid nohup bash -c "$1" > /dev/null 2>&1 &
+  sleep 5; PART=poll bash "$0" poll
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case $PART in
@@ -130,8 +138,7 @@ learning)  # ENV may list several environments: they run one after another (TAG 
       --trl-vllm ${TRL_VLLM:-colocate} --sides ${SIDES:-vf-rl,trl-compile} ${EXTRA:---shared} \
       --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1; "
   done
-  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
-  sleep 5; PART=poll bash "$0" poll
+  background "$cmd"
   ;;
 warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tmp/smol), then the learning benchmark on
   # that environment from the warmed-up model with few_shot = 0 (SIDES default vf-rl, e.g. vf-rl,trl-liger: every side
@@ -141,8 +148,7 @@ warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tm
     --env-arg few_shot=0 --device gpu --model /tmp/sft-$env --minutes ${MINUTES:-15} --sides ${SIDES:-vf-rl} \
     --trl-vllm ${TRL_VLLM:-colocate} --eval-every ${EVAL_EVERY:-50} ${EXTRA:---shared} --json /tmp/e2e/$name.json \
     --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1"
-  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
-  sleep 5; PART=poll bash "$0" poll
+  background "$cmd"
   ;;
 pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU per side: SIDES, default
   # vf-rl,trl-liger; each GPU shared by its side's vLLM and trainer, EXTRA default --shared), then one table, JSON and
@@ -165,8 +171,7 @@ pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU
   done
   cmd="$pre { $runs wait; }; python3 benchmarks/learning.py $jsons --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png \
     > /tmp/e2e/$name.log 2>&1"
-  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
-  sleep 5; PART=poll bash "$0" poll
+  background "$cmd"
   ;;
 long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own trainer_step.py process (one after the
   # other, an out-of-memory side is a result); MODELS (default llama-3.1-8b), LENGTHS (tokens per sequence: 512-token
@@ -180,8 +185,7 @@ long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own tr
       --no-grad-check --batch $b --micro-batch 1 --prompt-len 512 --completion-len $((L - 512)) --steps ${STEPS:-2} --warmup 1 \
       --sides $side ${EXTRA:-} --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
   done; done; done
-  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
-  sleep 5; PART=poll bash "$0" poll
+  background "$cmd"
   ;;
 best)  # issue 29: the small-model cases against every TRL side, each side its own trainer_step.py process, one after
   # the other (liger patches modeling modules process-wide); BENCH as in bench; MODE=fixed|realistic; SIDES (default
@@ -199,8 +203,7 @@ best)  # issue 29: the small-model cases against every TRL side, each side its o
         --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
     done
   done
-  setsid nohup bash -c "$cmd" > /dev/null 2>&1 &
-  sleep 5; PART=poll bash "$0" poll
+  background "$cmd"
   ;;
 big)
   m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-8192}; mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/big*
@@ -235,19 +238,25 @@ save_steps = 1000
 ${BIG_EXTRA:-}
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
-  setsid nohup bash -c "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big \
-    > /tmp/e2e/big.log 2>&1" > /dev/null 2>&1 &
+  background "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1"
+  ;;
+plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
+  # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
+  # its log is /tmp/e2e/plan.log, what its parts write to $OUT goes to /tmp/e2e/out; `poll` waits for it and collects
+  mkdir -p /tmp/e2e/out
+  OUT=/tmp/e2e/out setsid nohup bash "$PLAN" > /tmp/e2e/plan.log 2>&1 &
   sleep 5; PART=poll bash "$0" poll
   ;;
 poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
   # $OUT/e2e.tgz (one file: $OUT brings back 8 at most) and prints the logs' tails
-  busy="benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py|vf_rl.cli.launch"
+  busy="benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py|vf_rl.cli.launch|scripts/gpu/plans/"
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "$busy" > /dev/null || break; sleep 1; done
   pgrep -f "$busy" > /dev/null && echo "still running"
   P=/tmp/poll; rm -rf $P; mkdir -p $P
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $P/ 2>/dev/null
+  [ -d /tmp/e2e/out ] && cp -r /tmp/e2e/out $P/out  # a plan's lanes' $OUT
   # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
-  for d in /tmp/e2e/*/; do { grep -ah "vf-vllm ready\|torch_compile\|took\|Capturing\|compil" \
+  for d in /tmp/e2e/*/; do [ "$d" = /tmp/e2e/out/ ] && continue; { grep -ah "vf-vllm ready\|torch_compile\|took\|Capturing\|compil" \
       $d/vf-rl/logs/trainer.log $d/vf-rl/logs/inference.log | cut -c1-300 | head -n 40; \
       tail -n 30 $d/vf-rl/logs/trainer.log; } > $P/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $P/$(basename $d).trl-tail.txt 2>/dev/null; \
