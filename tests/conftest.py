@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -46,6 +51,44 @@ from vf_rl.inference.communicator import free_port  # noqa: E402, F401  (re-expo
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
+LIBC = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+PR_SET_PDEATHSIG = 1
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """After each test (its fixtures' teardown included), free what it left to the allocator and hand the
+    free heap back to the system (glibc's ``malloc_trim``): a worker that trained a model in-process
+    otherwise keeps ~3 GiB resident for the rest of the session, and two such workers beside the servers
+    the later modules start ran a 24 GiB machine out of memory."""
+    yield
+    gc.collect()
+    if hasattr(LIBC, "malloc_trim"):
+        LIBC.malloc_trim(0)
+
+
+def mem_available_gib() -> float:
+    """The system's available memory (``MemAvailable``), GiB."""
+    with open("/proc/meminfo") as meminfo:
+        return next(int(line.split()[1]) for line in meminfo if line.startswith("MemAvailable")) / 2**20
+
+
+def wait_for_memory(gib: float = 4.0, timeout_s: float = 300.0) -> None:
+    """Wait (``timeout_s`` at most, then go on) until ``gib`` of memory is available: a server started
+    while the other worker's run is at its peak is what runs the machine out of memory."""
+    deadline = time.monotonic() + timeout_s
+    while mem_available_gib() < gib and time.monotonic() < deadline:
+        time.sleep(5)
+
+
+def die_with_this_thread() -> None:
+    """``preexec_fn`` for a server: its own session (stopped as a process group), and ``SIGTERM`` when the
+    thread that started it dies (``PR_SET_PDEATHSIG``), so that a worker killed mid-run (out of memory, a
+    timeout) leaves no server behind for its replacement to compete with."""
+    os.setsid()
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     from vf_rl.cli.prepare_model import default_model_dir, prepare
@@ -85,8 +128,12 @@ def start_server(model_dir: Path, workdir: Path, *extra: str, env: dict | None =
            **({SERVER_CORES_ENV: CORES[0]} if CORES and SERVER_CORES_ENV not in os.environ else {}), **(env or {})}
     argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", *extra]
+    wait_for_memory()
+    # the death signal follows the thread that starts the server: only the main thread lives for the session
+    on_main = threading.current_thread() is threading.main_thread()
     with log.open("w") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=not on_main, preexec_fn=die_with_this_thread if on_main else None)
     deadline = time.monotonic() + 400
     while True:
         if process.poll() is not None:
