@@ -14,7 +14,8 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 
 from vf_rl.env_api import MultiTurnEnv, Rubric, SingleTurnEnv, load_environment
-from vf_rl.env_api.environment import Environment
+from vf_rl.env_api.environment import Environment, Turn
+from vf_rl.env_api.errors import ModelServerError
 from vf_rl.env_api.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
 from vf_rl.trainer.batching import prompt_rows
@@ -54,6 +55,17 @@ def test_completion_args_split_and_refuse_chat_only_arguments():
 
 
 @pytest.mark.server
+def test_a_served_turn_needs_token_ids_and_a_logprob_per_token():
+    turn = Turn.served((1, 2), (3, 4), ["-0.5", -1])
+    assert (turn.prompt_ids, turn.completion_ids, turn.completion_logprobs) == ([1, 2], [3, 4], [-0.5, -1.0])
+    with pytest.raises(ModelServerError, match="returned no token ids/logprobs; is it vf-vllm"):
+        Turn.served([1], None, [-0.5])
+    with pytest.raises(ModelServerError, match="returned no token ids/logprobs"):
+        Turn.served(None, [3], [-0.5])
+    with pytest.raises(ModelServerError, match="2 token ids but 1 logprobs"):
+        Turn.served([1], [3, 4], [-0.5])
+
+
 def test_group_request_matches_the_chat_path_token_for_token(server):
     """Greedy, one rollout per row: the same prompt ids, completion ids, log-probs, text and reward
     as one chat completion per rollout."""

@@ -38,6 +38,34 @@ class Turn:
     completion_ids: list[int]
     completion_logprobs: list[float]
 
+    @classmethod
+    def served(cls, prompt_ids, completion_ids, logprobs) -> Turn:
+        """The turn a server's reply describes: its prompt and sampled token ids and the sampled
+        tokens' log-probs, as the reply gave them (``None`` where it gave none).
+
+        Raises:
+            ModelServerError: no token ids or log-probs (not vf-vllm, or vLLM < 0.10), or as many
+                log-probs as tokens."""
+        if prompt_ids is None or completion_ids is None or logprobs is None:
+            raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
+        if len(logprobs) != len(completion_ids):
+            raise ModelServerError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
+        return cls(list(prompt_ids), list(completion_ids), [float(x) for x in logprobs])
+
+
+async def post_json(client, path: str, body: dict, options: dict | None = None) -> dict:
+    """POST ``body`` through an ``openai.AsyncOpenAI`` client's own ``post`` (its connection pool,
+    retries and ``openai`` errors; ``options``: request options such as ``headers``) and read the
+    reply as plain JSON, not as ``openai``'s typed objects: those cost the orchestrator about as much
+    CPU per request as the server's own work (``benchmarks/RESULTS.md`` (z)).
+
+    Raises:
+        openai.APIError: the request failed (after the client's retries)."""
+    import httpx
+
+    response = await client.post(path, body=body, cast_to=httpx.Response, **({"options": options} if options else {}))
+    return json.loads(response.content)
+
 
 @dataclass
 class Rollout:
@@ -196,10 +224,7 @@ class Environment:
 
         The request is the one ``client.chat.completions.create`` would send (``extra_body``
         merged into the body; ``extra_headers``, ``extra_query`` and ``timeout`` as request
-        options), posted through the client's own ``post`` (its connection pool, retries and
-        ``openai`` errors) and read as plain JSON: parsing the reply into ``openai``'s typed
-        objects, a log-prob object per token, cost the orchestrator about as much CPU per request
-        as the server's own work (``benchmarks/RESULTS.md`` (z)).
+        options), posted and read as plain JSON (:func:`post_json`).
 
         Returns:
             ``(assistant_message, turn, truncated)``.
@@ -208,8 +233,6 @@ class Environment:
                 server, or too old), or as many log-probs as tokens.
             openai.APIError: the request failed (after the client's retries).
         """
-        import httpx
-
         args = dict(sampling_args)
         options = {key: args.pop(key) for key in ("extra_headers", "extra_query", "timeout") if key in args}
         if "extra_headers" in options:
@@ -219,17 +242,11 @@ class Environment:
         body = {"model": model, "messages": messages, "logprobs": True, "return_token_ids": True,
                 "skip_special_tokens": False, **{k: v for k, v in args.items() if k != "extra_body"},
                 **args.get("extra_body", {})}
-        response = await client.post("/chat/completions", body=body, cast_to=httpx.Response,
-                                     **({"options": options} if options else {}))
-        data = json.loads(response.content)
+        data = await post_json(client, "/chat/completions", body, options)
         choice = data["choices"][0]
-        prompt_ids, completion_ids = data.get("prompt_token_ids"), choice.get("token_ids")
         content = (choice.get("logprobs") or {}).get("content")
-        if prompt_ids is None or completion_ids is None or content is None:
-            raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
-        logprobs = [float(t["logprob"]) for t in content]
-        if len(logprobs) != len(completion_ids):
-            raise ModelServerError(f"server returned {len(completion_ids)} token ids but {len(logprobs)} logprobs")
+        turn = Turn.served(data.get("prompt_token_ids"), choice.get("token_ids"),
+                           None if content is None else [t["logprob"] for t in content])
         reply = choice.get("message") or {}
         message = {"role": "assistant", "content": reply.get("content") or ""}
         if reply.get("tool_calls"):
@@ -237,7 +254,7 @@ class Environment:
                                       "function": {"name": c["function"]["name"],
                                                    "arguments": c["function"]["arguments"]}}
                                      for c in reply["tool_calls"]]
-        return message, Turn(list(prompt_ids), list(completion_ids), logprobs), choice.get("finish_reason") == "length"
+        return message, turn, choice.get("finish_reason") == "length"
 
     async def run_rollout(self, client, model: str, rollout: Rollout, sampling_args: dict,
                           semaphore: asyncio.Semaphore, deadline: float | None = None, on_done=None) -> Rollout:

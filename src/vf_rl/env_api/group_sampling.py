@@ -24,8 +24,7 @@ import inspect
 import json
 from typing import Any
 
-from .environment import Rollout, merge_sampling_args, prompt_messages, row_info, set_error
-from .errors import ModelServerError
+from .environment import Rollout, Turn, merge_sampling_args, post_json, prompt_messages, row_info, set_error
 from .parsers import Messages
 
 COMPLETION_KEYS = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
@@ -93,32 +92,22 @@ class GroupSampler:
         an ``environment.Turn``), in the server's choice order.
 
         Raises:
-            RuntimeError: the server returned no token ids or log-probs (not vLLM >= 0.10), or
+            ModelServerError: the server returned no token ids or log-probs (not vLLM >= 0.10), or
                 a number of log-probs that differs from the number of tokens.
             openai.APIError: the request failed (after the client's retries).
         """
-        from .environment import Turn
-
         prompt = await self.prompt_ids(model, messages, template_args)
         body = {**args, "model": model, "prompt": prompt, "n": n, "logprobs": 0, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "skip_special_tokens": args.get("skip_special_tokens", False)}
         choices = sorted((await self._post("/completions", body))["choices"], key=lambda c: c["index"])
         results = []
         for choice in choices:
-            ids, logprobs = choice.get("token_ids"), (choice.get("logprobs") or {}).get("token_logprobs")
-            if ids is None or logprobs is None:
-                raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
-            if len(ids) != len(logprobs):
-                raise ModelServerError(f"server returned {len(ids)} token ids but {len(logprobs)} logprobs")
-            turn = Turn(list(prompt), ids, [float(x) for x in logprobs])
+            turn = Turn.served(prompt, choice.get("token_ids"), (choice.get("logprobs") or {}).get("token_logprobs"))
             results.append(({"role": "assistant", "content": choice["text"]}, turn, choice["finish_reason"] == "length"))
         return results
 
     async def _post(self, path: str, body: dict) -> dict:
-        import httpx
-
-        response = await self.client.post(path, body=body, cast_to=httpx.Response)
-        return json.loads(response.content)
+        return await post_json(self.client, path, body)
 
 
 def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Rollout]:
