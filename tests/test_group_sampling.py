@@ -54,7 +54,6 @@ def test_completion_args_split_and_refuse_chat_only_arguments():
     assert completion_args({"max_tokens": 4, "response_format": {"type": "json_object"}}) is None
 
 
-@pytest.mark.server
 def test_a_served_turn_needs_token_ids_and_a_logprob_per_token():
     turn = Turn.served((1, 2), (3, 4), ["-0.5", -1])
     assert (turn.prompt_ids, turn.completion_ids, turn.completion_logprobs) == ([1, 2], [3, 4], [-0.5, -1.0])
@@ -66,6 +65,7 @@ def test_a_served_turn_needs_token_ids_and_a_logprob_per_token():
         Turn.served([1], [3, 4], [-0.5])
 
 
+@pytest.mark.server
 def test_group_request_matches_the_chat_path_token_for_token(server):
     """Greedy, one rollout per row: the same prompt ids, completion ids, log-probs, text and reward
     as one chat completion per rollout."""

@@ -84,7 +84,7 @@ class GroupSampler:
         key = json.dumps([messages, template_args], sort_keys=True)
         if key not in self._prompt_ids:
             body = {"model": model, "messages": messages, "add_generation_prompt": True, **template_args}
-            self._prompt_ids[key] = (await self._post(f"{self.root}/tokenize", body))["tokens"]
+            self._prompt_ids[key] = (await post_json(self.client, f"{self.root}/tokenize", body))["tokens"]
         return self._prompt_ids[key]
 
     async def sample(self, model: str, messages: Messages, n: int, args: dict, template_args: dict) -> list:
@@ -99,15 +99,12 @@ class GroupSampler:
         prompt = await self.prompt_ids(model, messages, template_args)
         body = {**args, "model": model, "prompt": prompt, "n": n, "logprobs": 0, "return_token_ids": True,
                 "return_tokens_as_token_ids": True, "skip_special_tokens": args.get("skip_special_tokens", False)}
-        choices = sorted((await self._post("/completions", body))["choices"], key=lambda c: c["index"])
+        choices = sorted((await post_json(self.client, "/completions", body))["choices"], key=lambda c: c["index"])
         results = []
         for choice in choices:
             turn = Turn.served(prompt, choice.get("token_ids"), (choice.get("logprobs") or {}).get("token_logprobs"))
             results.append(({"role": "assistant", "content": choice["text"]}, turn, choice["finish_reason"] == "length"))
         return results
-
-    async def _post(self, path: str, body: dict) -> dict:
-        return await post_json(self.client, path, body)
 
 
 def error_rollouts(row: dict, index: int, r: int, exc: BaseException) -> list[Rollout]:
