@@ -39,6 +39,11 @@ learning-*.json``: ``{"settings", "sides": {side: {"rollouts_per_step", "max_tok
 "summary"}}}`` (step 0 is the evaluation before training, at 0 s); ``--plot`` draws reward
 against seconds, every side on one plot, held-out rewards as larger markers.
 
+A side whose sampler's log-probs differ from its trainer's by more than ``SAMPLER_GAP_NATS`` per
+token (the median of vf-rl's ``logprob_diff/mean``, of TRL's ``sampling/sampling_logp_difference/mean``)
+does not generate with the weights it trains: the table says so, the comparison leaves it out,
+and the exit status is 3 (after the JSON and plot are written).
+
 Needs TRL (a dependency of vf-rl) in the environment that runs this script.
 """
 
@@ -59,6 +64,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CHECKPOINTS_MIN = (2, 4, 8, 16, 30)
 READING_WINDOW_S = 30.0  # the training reward at a checkpoint: the mean over this much wall clock (reward_by)
+# A side whose sampler's log-probs differ from its trainer's by more than this (nats per token, median over its steps)
+# does not generate with the weights it trains (a broken weight sync, a wrong model in vLLM): not a measurement.
+# A working side reads far below it (bf16 kernels and one step of staleness: hundredths of a nat).
+SAMPLER_GAP_NATS = 1.0
 
 
 @dataclass
@@ -70,6 +79,7 @@ class EnvSpec:
     max_seq_len: int
     multi_turn: bool = False
     trainer_args: dict = field(default_factory=dict)
+    trl_micro_batch: int | None = None  # TRL's default micro batch here (None: the whole step)
 
 
 ENVS = {
@@ -77,7 +87,7 @@ ENVS = {
     "gsm8k": EnvSpec({"few_shot": 2, "source": "offline"}, max_tokens=256, max_seq_len=1024),
     "alphabet-sort": EnvSpec({"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1,
                               "max_names_per_turn": 2, "few_shot": 1}, max_tokens=128, max_seq_len=1024,
-                             multi_turn=True),
+                             multi_turn=True, trl_micro_batch=32),  # one of 128 ran out of memory on an H100
 }
 
 
@@ -146,6 +156,14 @@ def trl_options(side: str) -> dict:
 
 
 # --- vf-rl ------------------------------------------------------------------------------------
+
+def default_trl_micro_batch(spec: EnvSpec, step: int) -> int | None:
+    """TRL's micro batch (rollouts) when ``--trl-micro-batch`` is not given: the environment's own
+    (``EnvSpec.trl_micro_batch``) where it is smaller than the step of ``step`` rollouts and divides it,
+    else ``None`` (the whole step in one)."""
+    micro = spec.trl_micro_batch
+    return micro if micro and micro < step and step % micro == 0 else None
+
 
 def toml_pairs(pairs: list[str], option: str = "--vf-arg") -> dict:
     """``["max_off_policy_steps=2", 'loss_type="dapo"']`` -> ``{"max_off_policy_steps": 2, ...}``
@@ -217,6 +235,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in steps],
             "elapsed_s": [r["timing/elapsed_s"] for r in steps], "reward": [r["reward"] for r in steps],
             "wait_s": [r.get("timing/wait_s", 0.0) for r in steps], "evals": evals,
+            "logp_diff": [r.get("logprob_diff/mean") for r in steps],
             "launch_to_step1_s": launch_to_step1, "settings": {"config": config}}
 
 
@@ -536,6 +555,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in records],
             "elapsed_s": [r["elapsed_s"] for r in records], "reward": [r["reward"] for r in records],
             "wait_s": None, "evals": {int(k): v for k, v in data["evals"].items()},
+            "logp_diff": [r.get("logp_diff") for r in records],
             "launch_to_step1_s": records[0]["unix_s"] - launched if records else None,
             "settings": {"trl_options": options, "trl_vllm": opts.trl_vllm,
                          "peak_allocated_gib": data["peak_allocated_gib"]}}
@@ -583,11 +603,23 @@ def summarize(run: dict, pts: list[list], rollouts: int, warmup: int) -> dict:
         pairs = list(zip(waits[1:], [b - a for a, b in zip(run["elapsed_s"], run["elapsed_s"][1:])]))[warmup:]
         wait_fraction = statistics.fmean(w / s for w, s in pairs if s > 0) if pairs else None
     trained_s = pts[-1][0] if pts else 0.0
+    gaps = [g for g in run.get("logp_diff") or [] if g is not None]
+    gap = statistics.median(gaps) if gaps else None
     return {"steps": len(run["reward"]), "trained_s": trained_s, "step_s_median": median,
+            "sampler_logp_gap": gap, "invalid": invalid_reason(gap),
             "rollouts_per_s": rollouts / median if median == median else None, "wait_fraction": wait_fraction,
             "launch_to_step1_s": run["launch_to_step1_s"], "wall_s": run["wall_s"],
             **readings(pts, trained_s), "eval_before": evals[0] if evals else None,
             "eval_after": evals[-1] if len(evals) > 1 else None, "peak_gib": run["peak_gib"]}
+
+
+def invalid_reason(gap: float | None) -> str | None:
+    """Why a side is not a measurement (``None`` when it is): its sampler-trainer log-prob gap
+    ``gap`` (nats per token, the median over its steps) above ``SAMPLER_GAP_NATS``."""
+    if gap is None or gap <= SAMPLER_GAP_NATS:
+        return None
+    return (f"its sampler's log-probs differ from its trainer's by {gap:.2f} nats per token (median; at most "
+            f"{SAMPLER_GAP_NATS} in a run that generates with the weights it trains)")
 
 
 def readings(pts: list[list], trained_s: float) -> dict:
@@ -604,14 +636,16 @@ def fmt(v) -> str:
 def report(result: dict) -> str:
     """The markdown table of a result (``--json``'s contents)."""
     sides = result["sides"]
-    trl_sides = [s for s in sides if s.startswith("trl")]
+    invalid = {n: sides[n]["summary"].get("invalid") for n in sides if sides[n]["summary"].get("invalid")}
+    trl_sides = [s for s in sides if s.startswith("trl") and s not in invalid]
     best = max(trl_sides, key=lambda s: sides[s]["summary"]["rollouts_per_s"] or 0) if trl_sides else None
     target = sides[best]["summary"]["reward_final"] if best else None
     rows = [("steps", "steps"), ("trained s after step 1", "trained_s"), ("s per step (median)", "step_s_median"),
             ("rollouts / s", "rollouts_per_s"), ("vf-rl waits for generation", "wait_fraction"),
             ("s from launch to the end of step 1", "launch_to_step1_s"), ("peak GiB", "peak_gib"),
             ("held-out reward before", "eval_before"), ("held-out reward after", "eval_after"),
-            ("final reward (last 30 s)", "reward_final")]
+            ("final reward (last 30 s)", "reward_final"),
+            ("sampler-trainer log-prob gap (nats/token)", "sampler_logp_gap")]
     names = list(sides)
     lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for minute in CHECKPOINTS_MIN:
@@ -620,7 +654,7 @@ def report(result: dict) -> str:
         if any(v is not None for v in values):
             lines.append(f"| reward at {minute} min | " + " | ".join(fmt(v) for v in values) + " |")
     for label, key in rows:
-        lines.append(f"| {label} | " + " | ".join(fmt(sides[n]["summary"][key]) for n in names) + " |")
+        lines.append(f"| {label} | " + " | ".join(fmt(sides[n]["summary"].get(key)) for n in names) + " |")
     if best and target is not None:
         reach = [time_to_reach(sides[n]["points"], target) for n in names]
         lines.append(f"| s to reach {best}'s final reward ({target:.3f}) | " + " | ".join(fmt(v) for v in reach) + " |")
@@ -628,6 +662,8 @@ def report(result: dict) -> str:
             vf, peer = sides["vf-rl"]["summary"], sides[best]["summary"]
             ratio = (vf["rollouts_per_s"] or 0) / (peer["rollouts_per_s"] or float("inf"))
             lines.append(f"\nbest TRL side (most rollouts/s): {best}; vf-rl / {best} rollouts per second: {ratio:.2f}x")
+    for name, why in invalid.items():
+        lines.append(f"\nNOT A MEASUREMENT: {name}: {why}; left out of the comparison")
     return "\n".join(lines)
 
 
@@ -687,7 +723,8 @@ def main(argv=None) -> int:
     p.add_argument("--rollouts", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=128, help="vf-rl's micro_batch_size")
     p.add_argument("--trl-micro-batch", type=int, default=None, help="TRL's per_device_train_batch_size, gradient "
-                   "accumulation making up the step (default: the whole step, prompts x rollouts)")
+                   "accumulation making up the step (default: the environment's, alphabet-sort 32; else the whole "
+                   "step, prompts x rollouts)")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the environment's (reverse-text 128)")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=32)
@@ -742,6 +779,7 @@ def main(argv=None) -> int:
         step = opts.prompts * opts.rollouts
         if opts.trl_micro_batch is not None and (opts.trl_micro_batch < 1 or step % opts.trl_micro_batch):
             p.error(f"--trl-micro-batch must divide the step's {step} rollouts, got {opts.trl_micro_batch}")
+        opts.trl_micro_batch = opts.trl_micro_batch or default_trl_micro_batch(spec, step)
         for side in sides:
             if side != "vf-rl":
                 try:
@@ -776,7 +814,7 @@ def main(argv=None) -> int:
     print(report(result))
     if opts.plot:
         plot(result, opts.plot)
-    return 0
+    return 3 if any(side["summary"].get("invalid") for side in result["sides"].values()) else 0
 
 
 if __name__ == "__main__":

@@ -655,3 +655,26 @@ def test_shared_gpu_split_is_derived_from_a_local_models_config(tmp_path, monkey
     config = load_config(path)
     assert config.inference.args["gpu_memory_utilization"] == 0.45
     assert config._origins["inference.args.gpu_memory_utilization"] == "config"
+
+
+def test_a_gpu_server_gets_an_api_server_per_four_cores(tmp_path, monkeypatch):
+    """vf-vllm on a GPU runs vLLM's ``api_server_count`` API-server processes (one per 4 cores, 1-4),
+    unless the file sets it, the server runs on the CPU, or LoRA adapters are served (vLLM keeps a
+    loaded adapter in one API server's state)."""
+    from vf_rl.config import schema, vllm_flags
+    from vf_rl.config.schema import load_config
+
+    assert [vllm_flags.api_servers(c) for c in (1, 4, 7, 8, 15, 16, 64)] == [1, 1, 1, 2, 3, 4, 4]
+    monkeypatch.setattr(schema, "api_servers", lambda: 3)
+    path = tmp_path / "c.toml"
+    path.write_text(BASE)
+    config = load_config(path)
+    assert config.inference.args["api_server_count"] == 3
+    assert config._origins["inference.args.api_server_count"].startswith("derived: 1 API-server process per 4")
+    path.write_text(edit("enforce_eager = true", "enforce_eager = true\napi_server_count = 1"))
+    config = load_config(path)
+    assert config.inference.args["api_server_count"] == 1 and config._origins["inference.args.api_server_count"] == "config"
+    path.write_text(with_arg('weight_sync = "lora"'))
+    assert "api_server_count" not in load_config(path).inference.args
+    path.write_text(BASE.replace("gpus = 1", "gpus = 0"))
+    assert "api_server_count" not in load_config(path).inference.args

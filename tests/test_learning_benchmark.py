@@ -84,6 +84,34 @@ def test_report_compares_with_the_fastest_trl_side(tmp_path):
     assert "| reward at 2 min |" in out.stdout and (tmp_path / "r.png").stat().st_size > 1000
 
 
+def test_a_side_that_does_not_sample_its_trained_weights_is_left_out(tmp_path):
+    """A TRL side whose vLLM generated with other weights than it trained (its log-probs 14 nats per
+    token from the trainer's, as a broken colocated sync read on an H200) is faster and would be the
+    'best' side: the table marks it, the ratio is against the valid side, the exit status is 3."""
+    learning = _learning()
+    sides = {"vf-rl": run([0.1, 0.3, 0.5, 0.6], 30.0) | {"logp_diff": [0.04, 0.05, None, 0.04]},
+             "trl-liger": run([0.0, 0.0, 0.0, 0.0], 10.0) | {"logp_diff": [14.1, 13.8, 14.4, 14.0]},
+             "trl": run([0.1, 0.2, 0.3, 0.4], 60.0) | {"logp_diff": [0.05, 0.6, 0.07, 0.06]}}
+    result = {"settings": {"env": "alphabet-sort", "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128,
+                           "device": "gpu", "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8},
+              "sides": {}}
+    for name, r in sides.items():
+        pts = learning.points(r)
+        result["sides"][name] = {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}
+    assert result["sides"]["vf-rl"]["summary"]["sampler_logp_gap"] == pytest.approx(0.04)
+    assert result["sides"]["trl"]["summary"]["invalid"] is None
+    assert "14.05 nats per token" in result["sides"]["trl-liger"]["summary"]["invalid"]
+    table = learning.report(result)
+    assert "best TRL side (most rollouts/s): trl; vf-rl / trl rollouts per second: 2.00x" in table
+    assert "NOT A MEASUREMENT: trl-liger: its sampler's log-probs differ" in table
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(result))
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--from-json", str(path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 3, out.stderr
+    assert "| sampler-trainer log-prob gap (nats/token) | 0.040 | 14.050 | 0.065 |" in out.stdout
+
+
 def test_from_json_merges_runs_of_one_side_each(tmp_path):
     """Sides run at once on two GPUs of a host write one JSON each; --from-json twice gives one
     table, plot and --json with both, and refuses runs that do not compare."""
@@ -173,6 +201,11 @@ def test_trl_micro_batch_must_divide_the_step():
                           "--prompts", "16", "--rollouts", "8", "--trl-micro-batch", "48"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "--trl-micro-batch must divide the step's 128 rollouts" in out.stderr
+    learning = _learning()
+    # alphabet-sort's TRL side steps in micro batches of 32 at the issue's 128 rollouts (one of 128 ran out of memory)
+    assert learning.default_trl_micro_batch(learning.ENVS["alphabet-sort"], 128) == 32
+    assert learning.default_trl_micro_batch(learning.ENVS["alphabet-sort"], 8) is None  # a CPU smoke run's step
+    assert learning.default_trl_micro_batch(learning.ENVS["reverse-text"], 128) is None
 
 
 def test_stability_rule(tmp_path):

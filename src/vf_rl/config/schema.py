@@ -35,6 +35,7 @@ from .args import rl_fields
 from .defaults import origin, rename_older_names, resolve_trainer_args
 from .rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
 from .tools import tool_flags
+from .vllm_flags import api_servers
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -205,12 +206,12 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     """The run config of a TOML file, resolved once.
 
     ``trainer.args``: RLArgs' defaults, overridden by the file, derived defaults filled in
-    (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived from
-    the trainer's keys: ``max_model_len`` (``max_seq_len``: one sequence-length truth), ``host``
-    and ``port`` (``vllm_server_host``/``port``), ``gpu_memory_utilization`` (when shared: :func:`shared_split`), the
-    LoRA flags (``weight_sync = "lora"``), ``data_parallel_size`` (several inference GPUs), tool
-    calling (``tools.tool_flags``: on when the model's chat template has a known tool-call format).
-    ``origins`` says where each value came from.
+    (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived: ``max_model_len``
+    (``max_seq_len``: one sequence-length truth), ``host`` and ``port`` (``vllm_server_host``/``port``),
+    ``gpu_memory_utilization`` (when shared: :func:`shared_split`), the LoRA flags (``weight_sync = "lora"``),
+    ``api_server_count`` (a GPU server without LoRA adapters: ``vllm_flags.api_servers``), ``data_parallel_size``
+    (several inference GPUs), tool calling (``tools.tool_flags``: on when the model's chat template has a known
+    tool-call format). ``origins`` says where each value came from.
 
     Raises:
         ConfigError: an older key name refused, or a weight-sync choice the layout cannot use.
@@ -235,6 +236,8 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
         derived["enable_lora"] = (True, "weight_sync = 'lora'")
         derived["max_lora_rank"] = (next(r for r in LORA_RANKS if r >= int(a["lora_rank"])), "trainer.args.lora_rank")
         derived["max_loras"] = (1, "weight_sync = 'lora'")
+    if config.inference.gpus and a["weight_sync"] != "lora":  # vLLM records an adapter in one API server only
+        derived["api_server_count"] = (api_servers(), "1 API-server process per 4 CPU cores, at most 4")
     derived.update(tool_flags(config.model, inference))
     if config.inference.gpus > 1:
         derived["data_parallel_size"] = (config.inference.gpus // int(inference.get("tensor_parallel_size", 1)),
