@@ -1,9 +1,11 @@
 """On real GPUs (skipped without two): each weight-sync transport moves the trainer's weights
-(cuda:1, bf16) into a real vf-vllm on GPU 0 so that the server's log-probs match the trainer's.
+(cuda:1, bf16) into a real vf-vllm on GPU 0 so that the server's log-probs match the trainer's; with
+three GPUs, ``nccl`` reaches every worker of a server on two (tensor- or data-parallel).
 
 Run on a GPU machine: ``VF_RL_GPU_MODEL=/path/to/SmolLM2-135M-Instruct pytest -m gpu tests/test_gpu.py -s``
-(the model directory must hold bf16 or fp32 safetensors). Writes the measured differences to
-``$VF_RL_GPU_REPORT`` (JSON lines) when set.
+(the model directory must hold bf16 or fp32 safetensors; ``VF_RL_GPU_TP_MODEL``: one whose attention heads split
+over 2 GPUs, e.g. ``scripts/gpu/make_random_model.py --config llama-1b``, for the tensor-parallel case).
+Writes the measured differences to ``$VF_RL_GPU_REPORT`` (JSON lines) when set.
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ def model_dir() -> str:
     return path
 
 
-def _serve(model_dir: str, workdir: Path, lora: bool, gpu: str = "0"):
-    """vf-vllm on GPU ``gpu`` on a free port (with runtime LoRA loading when ``lora``)."""
+def _serve(model_dir: str, workdir: Path, lora: bool, gpu: str = "0", *extra: str):
+    """vf-vllm on GPU(s) ``gpu`` on a free port (with runtime LoRA loading when ``lora``; ``extra`` flags)."""
     from vf_rl.inference.client import InferenceClient
     from vf_rl.inference.communicator import free_port
 
@@ -45,6 +47,7 @@ def _serve(model_dir: str, workdir: Path, lora: bool, gpu: str = "0"):
             "--enforce-eager", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
+    argv += list(extra)
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     client = InferenceClient(port=port, timeout=300)
@@ -275,3 +278,50 @@ def test_two_servers_feed_one_trainer(plain_server, second_server, model_dir, tm
         assert report[f"{name}_diff_mean"] < 0.1 and report[f"{name}_diff_max"] < 3.0
         assert report[f"{name}_base_diff_mean"] > 2 * report[f"{name}_diff_mean"]
         assert report[f"{name}_step3_diff_mean"] > report[f"{name}_diff_mean"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3, reason="needs 3 NVIDIA GPUs")
+@pytest.mark.parametrize("layout", ["tp2", "dp2"])
+def test_nccl_reaches_every_worker_of_a_server_on_two_gpus(model_dir, tmp_path, layout):
+    """vf-vllm on GPUs 0-1 as one engine in two tensor-parallel shards (``tp2``) or two data-parallel
+    engines (``dp2``, what vf-rl starts for ``inference.gpus = 2``); the trainer on GPU 2 pushes a
+    LoRA policy through ``nccl`` (one group: the trainer and both workers). Rollouts spread over the
+    workers then score as the policy's, not the base model's: a worker left out would serve the base."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl.trainer.weight_sync import make_weight_sync
+
+    model = model_dir
+    if layout == "tp2":
+        model = os.environ.get("VF_RL_GPU_TP_MODEL") or pytest.skip("VF_RL_GPU_TP_MODEL: a model for 2 shards")
+    flag = "--tensor-parallel-size" if layout == "tp2" else "--data-parallel-size"
+    serving = _serve(model, tmp_path, False, "0,1", flag, "2")
+    client, port = next(serving)
+    device = "cuda:2"
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16).to(device)
+    policy = lora_policy(model, device)
+    sync = make_weight_sync("nccl", client, tmp_path, torch.device(device), bucket_mb=64)
+    times = []
+    try:
+        workers = client.weight_sync_info()["workers"]
+        for _ in range(3):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            sync.push(policy)
+            times.append(time.perf_counter() - start)
+        rollouts = sampled(port, model, n=32)
+        mean, worst = logprob_diff(merged_reference(model, policy), rollouts, tokenizer.pad_token_id)
+        base_mean, _ = logprob_diff(base, rollouts, tokenizer.pad_token_id)
+    finally:
+        sync.close()
+        next(serving, None)
+    report = {"transport": f"nccl-{layout}", "workers": workers, "push_s": times, "logprob_diff_mean": mean,
+              "logprob_diff_max": worst, "base_model_diff_mean": base_mean, "model": model,
+              "device": torch.cuda.get_device_name(device)}
+    print(json.dumps(report))
+    if os.environ.get("VF_RL_GPU_REPORT"):
+        with open(os.environ["VF_RL_GPU_REPORT"], "a") as f:
+            f.write(json.dumps(report) + "\n")
+    assert workers == 2
+    assert mean < 0.1 and base_mean > 3 * mean

@@ -50,13 +50,19 @@ for p in verifiers renderers prime-pydantic-config prime-sandboxes connectrpc py
     tenacity aiofiles rich pygments markdown-it-py mdurl tiktoken aiolimiter msgpack; do
   pkgs+=" $p==$(ver $p)"
 done
+# DeepSpeed ZeRO-3 (session.sh zero3): deepspeed (a source package, built here into a pure-Python wheel: its ops
+# are built on first use, and ZeRO-3 with transformers' torch optimizer uses none) and its imports beyond the image
+for p in hjson ninja py-cpuinfo einops; do
+  pkgs+=" $p==$(ver $p)"
+done
 mkdir -p "$REPO/.gpu/whl" "$REPO/.gpu/debs"
 "$REPO/.venv/bin/python" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   -d "$REPO/.gpu/whl" $pkgs
+"$REPO/.venv/bin/python" -m pip wheel -q --no-deps -w "$REPO/.gpu/whl" "deepspeed==$(ver deepspeed)"
 { echo "Extra wheels for the GPU image (Python 3.12), installed by scripts/gpu/env.sh with"
   echo "pip install --no-index --no-deps --target /tmp/site2. Built by scripts/gpu/build_bundle.sh from:"
-  echo "$pkgs" | tr ' ' '\n'; echo; echo "Files:"; (cd "$REPO/.gpu/whl" && ls *.whl); } > "$REPO/.gpu/whl/README.txt"
+  echo "$pkgs deepspeed==$(ver deepspeed)" | tr ' ' '\n'; echo; echo "Files:"; (cd "$REPO/.gpu/whl" && ls *.whl); } > "$REPO/.gpu/whl/README.txt"
 
 # 3. tmux (Debian bookworm .debs, unpacked with dpkg -x) and the libraries a minimal image may lack
 (cd "$REPO/.gpu/debs" && apt-get download -q tmux libevent-core-2.1-7 libutempter0 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)

@@ -22,6 +22,11 @@
 #   big    : issue 29, an 8B-shaped LoRA run end to end on one shared GPU (vLLM and the trainer; vLLM's share derived
 #            by vf-rl), random weights (scripts/gpu/make_random_model.py: every rollout runs to MAXTOK, default 8192,
 #            sampled tokens), 2 prompts x 4 rollouts, STEPS (default 3), MODEL_CONFIG (default llama-3.1-8b); background
+#   multi  : issue 31, nccl weight updates into vf-vllm on two GPUs as 2 tensor-parallel shards (a random llama-1b)
+#            and as 2 data-parallel engines (SmolLM2), the trainer on a third GPU (tests/test_gpu.py, 3 GPUs visible)
+#   zero3  : issue 31, full-weight ZeRO-3 training of an 8B shape (random weights, MODEL_CONFIG) on TRAIN_GPUS
+#            (default 2) GPUs with nccl sync into vf-vllm on the GPU before them, STEPS (default 3), 16 rollouts of
+#            MAXTOK (default 1024) sampled tokens per step; each GPU's memory sampled every 2 s; background
 #   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
 #            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
@@ -176,12 +181,12 @@ pair)  # the learning benchmark's sides at once, one GPU each (a host with a GPU
 long)  # issue 29: 7-8B shapes with LoRA at long sequences, each side its own trainer_step.py process (one after the
   # other, an out-of-memory side is a result); MODELS (default llama-3.1-8b), LENGTHS (tokens per sequence: 512-token
   # prompt + the rest completion), SIDES (default vf-rl,trl,trl-liger), STEPS, B (batch), TAG (name suffix), EXTRA
-  # (e.g. --offload-activations); JSON and logs in /tmp/e2e, `poll` collects
-  mkdir -p /tmp/e2e; cmd=""
+  # (e.g. --offload-activations), FULL=1 (full weights, not LoRA); JSON and logs in /tmp/e2e, `poll` collects
+  mkdir -p /tmp/e2e; cmd=""; kind=lora; flag=--lora; [ "${FULL:-0}" = 1 ] && kind=full && flag=""
   for m in ${MODELS:-llama-3.1-8b}; do for L in ${LENGTHS:-4096 8192 16384 32768}; do for side in ${SIDES:-vf-rl trl trl-liger}; do
     b=8; [ $L -gt 8192 ] && b=4; b=${B:-$b}
-    name=long-$m-lora-$L-$side${TAG:-}
-    cmd+="timeout ${LIMIT:-900} python3 benchmarks/trainer_step.py --mode fixed --model-config $m --lora --gradient-checkpointing \
+    name=long-$m-$kind-$L-$side${TAG:-}
+    cmd+="timeout ${LIMIT:-900} python3 benchmarks/trainer_step.py --mode fixed --model-config $m $flag --gradient-checkpointing \
       --no-grad-check --batch $b --micro-batch 1 --prompt-len 512 --completion-len $((L - 512)) --steps ${STEPS:-2} --warmup 1 \
       --sides $side ${EXTRA:-} --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1; "
   done; done; done
@@ -239,6 +244,49 @@ ${BIG_EXTRA:-}
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
   background "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1"
+  ;;
+multi)
+  [ -f /tmp/rand-llama-1b/config.json ] || run make-llama-1b 300 python3 scripts/gpu/make_random_model.py \
+    --config llama-1b --tokenizer /tmp/smol --out /tmp/rand-llama-1b
+  VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_TP_MODEL=/tmp/rand-llama-1b VF_RL_GPU_REPORT=$OUT/multi.jsonl run multi 500 \
+    python3 -m pytest -m gpu tests/test_gpu.py -k every_worker -s -q -p no:cacheprovider
+  ;;
+zero3)
+  m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-1024}; n=${TRAIN_GPUS:-2}; name=zero3-$m-$n
+  mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/$name*
+  [ -f $dir/model.safetensors.index.json ] || run make-$m 400 python3 scripts/gpu/make_random_model.py --config $m \
+    --tokenizer /tmp/smol --out $dir
+  cat > /tmp/runs/$name.toml <<TOML
+model = "$dir"
+[env]
+id = "reverse-text"
+[env.args]
+few_shot = 0
+source = "offline"
+[inference]
+gpus = 1
+[trainer]
+gpus = $n
+[trainer.args]
+run_name = "$name"
+output_dir = "/tmp/e2e/$name/vf-rl"
+use_lora = false
+deepspeed = "configs/deepspeed/zero3.json"
+weight_sync = "nccl"
+max_steps = ${STEPS:-3}
+batch_size = 16
+rollouts_per_example = 4
+micro_batch_size = 1
+max_tokens = $tok
+max_seq_len = $((tok + 512))
+learning_rate = 1e-6
+gradient_checkpointing = true
+save_steps = 1000
+TOML
+  python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
+  background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
+    timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s $name > /tmp/e2e/$name.log 2>&1; \
+    kill %1"
   ;;
 plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
