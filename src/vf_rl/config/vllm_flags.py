@@ -91,10 +91,9 @@ def api_servers(cores: int | None = None) -> int:
     CPU cores (``cores``, default those this process may run on), at least 1 and at most 4.
 
     One API-server process renders every chat prompt and detokenizes every sampled token, and at
-    RL batches it, not the GPU, sets generation's pace: on an H200 with SmolLM2-135M (16 x 8
-    rollouts, ``benchmarks/generation.py``), 1 -> 2 -> 4 processes took reverse-text from 0.74 to
-    0.53 to 0.57 s per batch and two-turn alphabet-sort from 1.61 to 1.33 to 0.96 s
-    (``benchmarks/RESULTS.md``). Each process takes about one core while it is busy.
+    RL batches of a small model it, not the GPU, sets generation's pace; more processes share that
+    work, each taking about one core while busy, and gain up to 4 on a multi-turn environment
+    (``benchmarks/generation.py``'s probe, ``benchmarks/RESULTS.md`` section aa).
     """
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return max(1, min(4, cores // 4))
