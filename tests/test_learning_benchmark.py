@@ -61,16 +61,21 @@ def test_rewards_are_read_over_equal_wall_clock_not_equal_steps():
     assert summary["reward_final"] == pytest.approx(1.045)
 
 
+def summarized(learning, sides: dict, env: str) -> dict:
+    """A learning.py result (16 x 8 rollouts on a GPU) of the runs ``sides`` (name -> :func:`run`)."""
+    result = {"settings": {"env": env, "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128, "device": "gpu",
+                           "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8}, "sides": {}}
+    for name, r in sides.items():
+        pts = learning.points(r)
+        result["sides"][name] = {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}
+    return result
+
+
 def test_report_compares_with_the_fastest_trl_side(tmp_path):
     learning = _learning()
     sides = {"vf-rl": run([0.1, 0.3, 0.5, 0.6], 30.0), "trl": run([0.1, 0.2, 0.3, 0.4], 60.0),
              "trl-compile": run([0.1, 0.2, 0.3, 0.35], 40.0)}
-    result = {"settings": {"env": "reverse-text", "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128,
-                           "device": "gpu", "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8},
-              "sides": {}}
-    for name, r in sides.items():
-        pts = learning.points(r)
-        result["sides"][name] = {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}
+    result = summarized(learning, sides, "reverse-text")
     table = learning.report(result)
     # trl-compile has the most rollouts/s (0.025 s^-1 * 128); vf-rl's 30 s steps are 1.33x faster
     assert "best TRL side (most rollouts/s): trl-compile; vf-rl / trl-compile rollouts per second: 1.33x" in table
@@ -92,12 +97,7 @@ def test_a_side_that_does_not_sample_its_trained_weights_is_left_out(tmp_path):
     sides = {"vf-rl": run([0.1, 0.3, 0.5, 0.6], 30.0) | {"logp_diff": [0.04, 0.05, None, 0.04]},
              "trl-liger": run([0.0, 0.0, 0.0, 0.0], 10.0) | {"logp_diff": [14.1, 13.8, 14.4, 14.0]},
              "trl": run([0.1, 0.2, 0.3, 0.4], 60.0) | {"logp_diff": [0.05, 0.6, 0.07, 0.06]}}
-    result = {"settings": {"env": "alphabet-sort", "model": "m", "prompts": 16, "rollouts": 8, "max_tokens": 128,
-                           "device": "gpu", "lora_rank": 8, "lora_alpha": 32, "lr": 1e-4, "minutes": 8},
-              "sides": {}}
-    for name, r in sides.items():
-        pts = learning.points(r)
-        result["sides"][name] = {"points": pts, "summary": learning.summarize(r, pts, 128, 0)}
+    result = summarized(learning, sides, "alphabet-sort")
     assert result["sides"]["vf-rl"]["summary"]["sampler_logp_gap"] == pytest.approx(0.04)
     assert result["sides"]["trl"]["summary"]["invalid"] is None
     assert "14.05 nats per token" in result["sides"]["trl-liger"]["summary"]["invalid"]

@@ -52,6 +52,35 @@ sft() {  # sft ENV: the command that warms SmolLM2 up on ENV (configs/vf-sft/ENV
     configs/vf-sft/$1.toml > /tmp/sft-$1.toml
   echo "python3 -m vf_rl.cli.sft @ /tmp/sft-$1.toml > /tmp/e2e/sft-$1.log 2>&1"
 }
+random_model() {  # random_model CONFIG: /tmp/rand-CONFIG, random weights of a trainer_step.py config with SmolLM2's
+  # vocabulary (scripts/gpu/make_random_model.py), made once per machine
+  ls /tmp/rand-$1/model*.safetensors* > /dev/null 2>&1 || run make-$1 400 python3 scripts/gpu/make_random_model.py \
+    --config $1 --tokenizer /tmp/smol --out /tmp/rand-$1
+}
+random_run_head() {  # random_run_head MODEL_DIR INFERENCE_GPUS SHARED TRAINER_GPUS MAX_TOKENS: a reverse-text run config
+  # on a random model (few_shot = 0, offline rows; every rollout samples MAX_TOKENS), STEPS (default 3) steps of one
+  # sequence per micro batch with gradient checkpointing; a part adds its own [trainer.args] keys after it
+  cat <<TOML
+model = "$1"
+[env]
+id = "reverse-text"
+[env.args]
+few_shot = 0
+source = "offline"
+[inference]
+gpus = $2
+shared = $3
+[trainer]
+gpus = $4
+[trainer.args]
+max_steps = ${STEPS:-3}
+micro_batch_size = 1
+max_tokens = $5
+max_seq_len = $(($5 + 512))
+gradient_checkpointing = true
+save_steps = 1000
+TOML
+}
 background() {  # background CMD: runs CMD in its own session that outlives this call, then polls (POLL_S); with
   # FG=1 (a lane of a plan) it runs CMD here and returns when CMD ends
   if [ "${FG:-0}" = 1 ]; then bash -c "$1"; return; fi
@@ -212,81 +241,43 @@ best)  # issue 29: the small-model cases against every TRL side, each side its o
   ;;
 big)
   m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-8192}; mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/big*
-  [ -f $dir/model.safetensors.index.json ] || run make-$m 400 python3 scripts/gpu/make_random_model.py --config $m \
-    --tokenizer /tmp/smol --out $dir
-  cat > /tmp/runs/big.toml <<TOML
-model = "$dir"
-[env]
-id = "reverse-text"
-[env.args]
-few_shot = 0
-source = "offline"
-[inference]
-gpus = 1
-shared = true
-[trainer]
-gpus = 1
-[trainer.args]
+  random_model $m
+  { random_run_head $dir 1 true 1 $tok; cat <<TOML; } > /tmp/runs/big.toml
 run_name = "big-$m"
 output_dir = "/tmp/e2e/big/vf-rl"
-max_steps = ${STEPS:-3}
 batch_size = 8
 rollouts_per_example = 4
-micro_batch_size = 1
-max_tokens = $tok
-max_seq_len = $((tok + 512))
 lora_rank = 16
 learning_rate = 1e-5
-gradient_checkpointing = true
 torch_compile = false
-save_steps = 1000
 ${BIG_EXTRA:-}
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
   background "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1"
   ;;
 multi)
-  [ -f /tmp/rand-llama-1b/config.json ] || run make-llama-1b 300 python3 scripts/gpu/make_random_model.py \
-    --config llama-1b --tokenizer /tmp/smol --out /tmp/rand-llama-1b
+  random_model llama-1b
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_TP_MODEL=/tmp/rand-llama-1b VF_RL_GPU_REPORT=$OUT/multi.jsonl run multi 500 \
     python3 -m pytest -m gpu tests/test_gpu.py -k every_worker -s -q -p no:cacheprovider
   ;;
 zero3)
   m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-1024}; n=${TRAIN_GPUS:-2}; name=zero3-$m-$n
   mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/$name*
-  [ -f $dir/model.safetensors.index.json ] || run make-$m 400 python3 scripts/gpu/make_random_model.py --config $m \
-    --tokenizer /tmp/smol --out $dir
-  cat > /tmp/runs/$name.toml <<TOML
-model = "$dir"
-[env]
-id = "reverse-text"
-[env.args]
-few_shot = 0
-source = "offline"
-[inference]
-gpus = 1
-[trainer]
-gpus = $n
-[trainer.args]
+  random_model $m
+  { random_run_head $dir 1 false $n $tok; cat <<TOML; } > /tmp/runs/$name.toml
 run_name = "$name"
 output_dir = "/tmp/e2e/$name/vf-rl"
 use_lora = false
 deepspeed = "configs/deepspeed/zero3.json"
 weight_sync = "nccl"
-max_steps = ${STEPS:-3}
 batch_size = 16
 rollouts_per_example = 4
-micro_batch_size = 1
-max_tokens = $tok
-max_seq_len = $((tok + 512))
 learning_rate = 1e-6
-gradient_checkpointing = true
-save_steps = 1000
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
-    timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s $name > /tmp/e2e/$name.log 2>&1; \
-    kill %1"
+    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s $name > /tmp/e2e/$name.log 2>&1; \
+    kill \$mon"
   ;;
 plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
