@@ -278,3 +278,35 @@ def test_vllm_args_reach_the_vf_rl_sides_inference_table(tmp_path):
     with pytest.raises(SystemExit, match="--vllm-arg"):
         learning.vf_rl_config(SimpleNamespace(**{**vars(opts), "vllm_arg": ["api_server_count=four"]}),
                               learning.ENVS["alphabet-sort"], tmp_path, 8123)
+
+
+def test_scaling_table_reads_each_layouts_run(tmp_path):
+    """benchmarks/scaling.py: per layout (from the file name) the median step after the warm-up, rollouts
+    and tokens per second, per GPU; a file that names no layout or has too few steps is one line, exit 2."""
+    def write(name, step_s, tokens, wait):
+        lines = [{"step": 0, "eval/reward": 0.1}]
+        elapsed = 0.0
+        for i, s in enumerate(step_s, 1):
+            elapsed += s
+            lines.append({"step": i, "reward": 0.5, "timing/elapsed_s": elapsed, "tokens/trained": tokens,
+                          "timing/wait_s": wait * s})
+        (tmp_path / name).write_text("\n".join(json.dumps(x) for x in lines))
+        return str(tmp_path / name)
+
+    two = write("scale-1-1.metrics.jsonl", [30.0, 9.0, 2.0, 2.0, 2.0, 4.0, 2.0], 40000, 0.5)
+    four = write("scale-2-2.metrics.jsonl", [40.0, 9.0, 1.0, 1.0, 1.0, 1.0, 1.0], 40000, 0.1)
+    script = [sys.executable, str(REPO / "benchmarks" / "scaling.py")]
+    out = subprocess.run([*script, four, two, "--warmup", "1", "--json", str(tmp_path / "s.json"),
+                          "--plot", str(tmp_path / "s.png")], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    layouts = json.loads((tmp_path / "s.json").read_text())["layouts"]
+    # step 2's 9 s is warm-up; steps 3-7 take 2, 2, 2, 4, 2 s and 1 s on four GPUs
+    assert layouts["scale-1-1"]["step_s_median"] == 2.0 and layouts["scale-1-1"]["rollouts_per_s"] == 64.0
+    assert layouts["scale-2-2"]["tokens_trained_per_s"] == 40000 and layouts["scale-2-2"]["tokens_per_s_per_gpu"] == 10000
+    assert layouts["scale-1-1"]["wait_fraction"] == pytest.approx(0.5)
+    assert out.stdout.index("scale-1-1") < out.stdout.index("scale-2-2") and (tmp_path / "s.png").stat().st_size > 1000
+    short = write("scale-1-3.metrics.jsonl", [1.0, 1.0], 10, 0.0)
+    for bad, message in ((short, "2 steps, at least 5 needed"), (str(tmp_path / "scale-4-4.jsonl"), "No such file"),
+                         (write("run.metrics.jsonl", [1.0] * 6, 10, 0.0), "does not say the layout")):
+        out = subprocess.run([*script, bad], capture_output=True, text=True)
+        assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -27,6 +27,9 @@
 #   zero3  : issue 31, full-weight ZeRO-3 training of an 8B shape (random weights, MODEL_CONFIG) on TRAIN_GPUS
 #            (default 2) GPUs with nccl sync into vf-vllm on the GPU before them, STEPS (default 3), 16 rollouts of
 #            MAXTOK (default 1024) sampled tokens per step; each GPU's memory sampled every 2 s; background
+#   scaling: issue 31, the whole loop's throughput per layout: LAYOUTS (inference:trainer GPUs, default "1:1 2:2 3:1";
+#            the 128 rollouts split over the trainer's micro batches of 16) of reverse-text on SmolLM2 (16 x 8
+#            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py
 #   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
 #            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
@@ -278,6 +281,14 @@ TOML
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
     mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s $name > /tmp/e2e/$name.log 2>&1; \
     kill \$mon"
+  ;;
+scaling)
+  for layout in ${LAYOUTS:-1:1 2:2 3:1}; do
+    ni=${layout%%:*}; nt=${layout##*:}
+    MAXTOK=${MAXTOK:-128} LIMIT=560 run scale-$ni-$nt 580 bash scripts/gpu/vf_rl_run.sh scale-$ni-$nt auto $ni $nt false \
+      ${STEPS:-30} false
+  done
+  run table 60 python3 benchmarks/scaling.py $OUT/runs/scale-*.metrics.jsonl --json $OUT/scaling.json --plot $OUT/scaling.png
   ;;
 plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);

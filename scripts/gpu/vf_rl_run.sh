@@ -2,8 +2,8 @@
 # usage (GPU machine, after `source scripts/gpu/env.sh`):
 #   scripts/gpu/vf_rl_run.sh NAME WEIGHT_SYNC INFERENCE_GPUS TRAINER_GPUS SHARED(true|false) STEPS [EAGER(true|false)]
 # Writes /tmp/runs/NAME.toml (reverse-text, or ENV_ID with ENV_ARGS (lines of its [env.args] table); SmolLM2 in
-# /tmp/smol, LoRA, batch 128 = 16 x 8), runs
-# `vf-rl @ NAME.toml --wait` (real tmux) with a 6-minute limit, and prints the step lines.
+# /tmp/smol, LoRA, batch 128 = 16 x 8, MAXTOK (default 32) sampled tokens at most), runs
+# `vf-rl @ NAME.toml --wait` (real tmux) with a limit of LIMIT seconds (default 360), and prints the step lines.
 set -u
 NAME=$1; SYNC=$2; NI=$3; NT=$4; SHARED=$5; STEPS=$6; EAGER=${7:-true}
 mkdir -p /tmp/runs
@@ -31,14 +31,14 @@ max_steps = $STEPS
 batch_size = 128
 rollouts_per_example = 8
 micro_batch_size = 16
-max_tokens = 32
+max_tokens = ${MAXTOK:-32}
 max_seq_len = 512
 learning_rate = 5e-4
 save_steps = 1000
 vllm_server_port = $PORT
 TOML
 start=$(date +%s)
-timeout 360 python3 -m vf_rl.cli.launch @ /tmp/runs/$NAME.toml --wait -s $NAME
+timeout ${LIMIT:-360} python3 -m vf_rl.cli.launch @ /tmp/runs/$NAME.toml --wait -s $NAME
 code=$?
 echo "[$NAME] vf-rl exit $code after $(( $(date +%s) - start )) s"
 grep -ah "Weight sync\|Step [0-9]\|Error\|error" /tmp/runs/$NAME/logs/trainer.log | tail -15
