@@ -44,8 +44,8 @@ class Turn:
         tokens' log-probs, as the reply gave them (``None`` where it gave none).
 
         Raises:
-            ModelServerError: no token ids or log-probs (not vf-vllm, or vLLM < 0.10), or as many
-                log-probs as tokens."""
+            ModelServerError: no token ids or log-probs (not vf-vllm, or vLLM < 0.10), or not one
+                log-prob per sampled token."""
         if prompt_ids is None or completion_ids is None or logprobs is None:
             raise ModelServerError("the inference server returned no token ids/logprobs; is it vf-vllm (vLLM >= 0.10)?")
         if len(logprobs) != len(completion_ids):
