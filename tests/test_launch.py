@@ -96,6 +96,18 @@ def test_dry_run_prints_commands_and_creates_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "outputs").exists() and not Path("outputs/alphabet-sort").exists()
 
 
+
+def test_a_session_name_tmux_cannot_take_is_a_one_line_error(tmp_path):
+    """tmux reads '.' and ':' in a target as window and pane separators (a run name like
+    "llama-3.1-8b" would make libtmux raise deep inside the launch)."""
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
+    for name in ("zero3-llama-3.1-8b", "a:b"):
+        result = run_cli("@", str(path), "-s", name)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().splitlines() == [f"vf-rl: error: --session {name!r}: a tmux session name, "
+                                                      "without '.' or ':'"]
+    assert subprocess.run(["tmux", "has-session", "-t", "zero3-llama-3"], capture_output=True).returncode != 0
+
 def test_too_many_gpus_is_an_error_when_launching_but_a_warning_in_dry_run(tmp_path):
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}

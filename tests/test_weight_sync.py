@@ -121,3 +121,89 @@ def test_weight_sync_key_is_checked_by_rl_config():
     with pytest.raises(ValueError, match="weight_sync: expected one of auto, filesystem, nccl, ipc, lora"):
         RLConfig(output_dir="/tmp/unused", use_cpu=True, weight_sync="disk", batch_size=4, rollouts_per_example=2,
                  micro_batch_size=2)
+
+
+class _Recorder:
+    """Stands in for the GPU-only pieces of a vLLM worker and its engine client (a CUDA model
+    runner, several data-parallel engines), recording the order of what the extension does."""
+
+    def __init__(self):
+        self.events = []
+
+    def broadcast(self, buffer):
+        buffer.copy_(torch.arange(buffer.numel(), dtype=buffer.dtype))
+        self.events.append(("broadcast", buffer.numel()))
+
+    def load_weights(self, weights):
+        self.events.append(("load", [name for name, _ in weights]))
+
+
+def test_a_gpu_worker_loads_each_broadcast_bucket_before_the_next_arrives(monkeypatch):
+    """On a GPU no second copy of the model is held: bucket k is loaded before bucket k+1 is received.
+    (An 8B model's 16 GB update does not fit in the 10% vLLM leaves free.)"""
+    from types import SimpleNamespace
+
+    from vf_rl.inference.worker_extension import WeightSyncExtension
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: SimpleNamespace(synchronize=lambda: None))
+    tensors = named(("a", (600,), torch.float32), ("b", (600,), torch.float32), ("c", (100,), torch.float32))
+    buckets = [b.to_json() for b in plan_buckets(tensors.items(), bucket_bytes=4096)]
+    assert len(buckets) == 2
+    recorder = _Recorder()
+    worker = WeightSyncExtension()
+    worker.device = SimpleNamespace(type="cuda")
+    worker.vllm_config = SimpleNamespace(model_config=SimpleNamespace(quantization=None))
+    worker.model_runner = SimpleNamespace(get_model=lambda: recorder)
+    worker._vf_group = SimpleNamespace(broadcast=recorder.broadcast, device="cpu")
+    result = worker.vf_receive_broadcast(buckets)
+    assert result["tensors"] == 3
+    assert recorder.events == [("broadcast", 600), ("load", ["a"]), ("broadcast", 700), ("load", ["b", "c"])]
+
+
+def test_every_worker_gathers_the_workers_of_every_data_parallel_engine():
+    """vLLM's collective_rpc returns only the first data-parallel engine's results; the routes
+    need every worker's (the weight-broadcast group is sized from them)."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from vf_rl.inference.routes import every_worker
+
+    class Core:  # vLLM 0.26's DP client: no call_utility_all_async
+        core_engines = [b"\x00\x00", b"\x01\x00"]
+
+        async def _call_utility_async(self, method, name, timeout, args, kwargs, engine):
+            assert method == "collective_rpc" and kwargs is None
+            return [f"{name}{args}@engine{engine[0]}/worker{w}" for w in range(2)]
+
+    async def first_engine_only(method, args=()):
+        return await Core()._call_utility_async("collective_rpc", method, None, args, None, engine=b"\x00")
+
+    engine = SimpleNamespace(engine_core=Core(), collective_rpc=first_engine_only)
+    expected = [f"vf_device_uuid(1,)@engine{e}/worker{w}" for e in range(2) for w in range(2)]
+    assert asyncio.run(every_worker(engine, "vf_device_uuid", (1,))) == expected
+    newer = Core()  # vLLM >= 0.32: one result per engine from call_utility_all_async
+    newer.call_utility_all_async = lambda *call: asyncio.gather(*(Core()._call_utility_async(*call, engine=e)
+                                                                  for e in Core.core_engines))
+    assert asyncio.run(every_worker(SimpleNamespace(engine_core=newer), "vf_device_uuid", (1,))) == expected
+    single = SimpleNamespace(engine_core=SimpleNamespace(core_engines=[b"\x00\x00"]), collective_rpc=first_engine_only)
+    assert asyncio.run(every_worker(single, "vf_device_uuid", (1,))) == expected[:2]
+
+
+@pytest.mark.parametrize("index, expected", [(0, [1, 2]), (1, [3, 4])])
+def test_a_data_parallel_engine_takes_ranks_after_the_engines_before_it(monkeypatch, index, expected):
+    """A dense model's data-parallel engines all run with ``data_parallel_rank = 0``; the rank in the
+    broadcast group comes from ``data_parallel_index`` (else both engines would claim ranks 1-2)."""
+    from types import SimpleNamespace
+
+    import vllm.distributed.parallel_state as parallel_state
+
+    from vf_rl.inference.worker_extension import WeightSyncExtension
+
+    worker = WeightSyncExtension()
+    worker.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(data_parallel_rank=0, data_parallel_index=index))
+    ranks = []
+    for tp_rank in range(2):
+        monkeypatch.setattr(parallel_state, "get_tp_group", lambda r=tp_rank: SimpleNamespace(world_size=2, rank_in_group=r))
+        monkeypatch.setattr(parallel_state, "get_pp_group", lambda: SimpleNamespace(world_size=1, rank_in_group=0))
+        ranks.append(worker.vf_broadcast_rank())
+    assert ranks == expected

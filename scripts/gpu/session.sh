@@ -261,7 +261,7 @@ TOML
 multi)
   random_model llama-1b
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_TP_MODEL=/tmp/rand-llama-1b VF_RL_GPU_REPORT=$OUT/multi.jsonl run multi 500 \
-    python3 -m pytest -m gpu tests/test_gpu.py -k every_worker -s -q -p no:cacheprovider
+    python3 -m pytest -m gpu tests/test_gpu.py -k "${MULTI_K:-every_worker}" -s -q -p no:cacheprovider
   ;;
 zero3)
   m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-1024}; n=${TRAIN_GPUS:-2}; name=zero3-$m-$n
@@ -279,7 +279,7 @@ learning_rate = 1e-6
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
-    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s $name > /tmp/e2e/$name.log 2>&1; \
+    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s ${name//./-} > /tmp/e2e/$name.log 2>&1; \
     kill \$mon"
   ;;
 scaling)

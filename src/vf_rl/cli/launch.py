@@ -394,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument("--base-url", default=None, help="--preflight: a running server's OpenAI root instead of one started")
         parser.add_argument("--json", type=Path, default=None, help="--preflight: also write the report to this JSON file")
         opts = parser.parse_args(rest)
+        if not opts.session or any(c in opts.session for c in ".:"):  # tmux reads them as window/pane separators
+            raise ConfigError(f"--session {opts.session!r}: a tmux session name, without '.' or ':'")
         config = load_config(config_path)
         try:
             checked = check_inference_args(config.inference.args)

@@ -75,6 +75,34 @@ def weight_secret() -> str | None:
 GENERATE_ROUTE = ("POST", GENERATE_PATH)
 
 
+async def every_worker(engine, method: str, args: tuple = ()) -> list:
+    """``collective_rpc(method, args)`` on every worker of every engine, one result per worker.
+
+    vLLM's own ``engine_client.collective_rpc`` calls every data-parallel engine but returns only
+    the first engine's results (``DPAsyncMPClient.call_utility_async``, vLLM 0.26-0.33), so with
+    ``--data-parallel-size 2`` half the workers would go uncounted: the trainer would size its
+    weight-broadcast group for one engine and the other engine's workers would hold ranks
+    outside it. This gathers each engine's list instead (engine order, then worker order).
+
+    Args:
+        engine: the server's ``app.state.engine_client`` (vLLM's ``AsyncLLM``).
+    Returns:
+        one result per worker.
+    """
+    core = getattr(engine, "engine_core", None)
+    engines = getattr(core, "core_engines", None) or []
+    if len(engines) <= 1:
+        return await engine.collective_rpc(method, args=args)
+    call = ("collective_rpc", method, None, args, None)
+    if hasattr(core, "call_utility_all_async"):  # vLLM >= 0.32
+        per_engine = await core.call_utility_all_async(*call)
+    else:
+        import asyncio
+
+        per_engine = await asyncio.gather(*(core._call_utility_async(*call, engine=e) for e in engines))
+    return [result for results in per_engine for result in results]
+
+
 async def _text_output_mode_by_default(request: Request) -> None:
     """Set ``output_mode = "text"`` in a generate request body that names none (see the module
     docstring). The body is replaced in the request's receive cache, which the app reads next."""
@@ -107,7 +135,7 @@ async def weight_sync_routes(request: Request, call_next):
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok"})
         if path == "/weight_sync_info":
-            devices = await engine.collective_rpc("vf_device_uuid")
+            devices = await every_worker(engine, "vf_device_uuid")
             return JSONResponse({"workers": len(devices), "devices": devices})
         if path == "/upload_weights":
             return await _upload_weights(request, engine)
@@ -117,19 +145,19 @@ async def weight_sync_routes(request: Request, call_next):
             if not isinstance(body, dict) or any(k not in body for k in keys):
                 return JSONResponse({"error": f"body needs keys {list(keys)}"}, status_code=400)
             args = (*(body[k] for k in keys), int(body.get("rank_offset", 0)))
-            results = await engine.collective_rpc("vf_init_broadcast", args=args)
+            results = await every_worker(engine, "vf_init_broadcast", args)
             return JSONResponse({"status": "ok", "workers": results})
         if path == "/update_weights_broadcast":
             if not isinstance(body, dict) or not isinstance(body.get("buckets"), list):
                 return JSONResponse({"error": "body must be {\"buckets\": [...]}"}, status_code=400)
-            results = await engine.collective_rpc("vf_receive_broadcast", args=(body["buckets"],))
+            results = await every_worker(engine, "vf_receive_broadcast", (body["buckets"],))
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok", "workers": results})
         if path == "/update_weights_ipc":
             if not isinstance(body, dict) or not all(isinstance(body.get(k), list) for k in ("buckets", "handles")):
                 return JSONResponse({"error": "body must be {\"buckets\": [...], \"handles\": [...]}"},
                                     status_code=400)
-            results = await engine.collective_rpc("vf_receive_ipc", args=(body["buckets"], body["handles"]))
+            results = await every_worker(engine, "vf_receive_ipc", (body["buckets"], body["handles"]))
             await engine.reset_prefix_cache()
             return JSONResponse({"status": "ok", "workers": results})
         if not isinstance(body, dict) or not isinstance(body.get("path"), str):
@@ -137,7 +165,7 @@ async def weight_sync_routes(request: Request, call_next):
         weights = Path(body["path"])
         if not (weights.is_file() or (weights.is_dir() and any(weights.glob("*.safetensors")))):
             return JSONResponse({"error": f"no safetensors weights at {weights}"}, status_code=404)
-        results = await engine.collective_rpc("vf_reload_weights", args=(str(weights),))
+        results = await every_worker(engine, "vf_reload_weights", (str(weights),))
         await engine.reset_prefix_cache()
         return JSONResponse({"status": "ok", "workers": results})
     except Exception as exc:  # report, don't crash the server
@@ -162,7 +190,7 @@ async def _upload_weights(request: Request, engine) -> JSONResponse:
                 f.write(chunk)
         if path.stat().st_size == 0:
             return JSONResponse({"error": "empty body: POST the safetensors file"}, status_code=400)
-        results = await engine.collective_rpc("vf_reload_weights", args=(str(path),))
+        results = await every_worker(engine, "vf_reload_weights", (str(path),))
         await engine.reset_prefix_cache()
         return JSONResponse({"status": "ok", "workers": results})
     finally:

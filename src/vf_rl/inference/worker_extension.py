@@ -54,7 +54,7 @@ class WeightSyncExtension:
         weights, whose processing must run again) through ``model_runner.reload_weights``.
         Returns ``{"tensors": int, "seconds": float}`` (seconds since ``start``)."""
         weights = list(weights)
-        if self.device.type == "cuda" and getattr(self.vllm_config.model_config, "quantization", None) is None:
+        if self._vf_loads_directly():
             import torch
 
             self.model_runner.get_model().load_weights(weights=weights)
@@ -63,17 +63,27 @@ class WeightSyncExtension:
             self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
         return {"tensors": len(weights), "seconds": time.perf_counter() - start}
 
+    def _vf_loads_directly(self) -> bool:
+        """Whether weights are copied straight into the parameters (a GPU, an unquantized model),
+        so any subset of them can be loaded on its own, as vLLM's ``load_weights`` allows."""
+        return self.device.type == "cuda" and getattr(self.vllm_config.model_config, "quantization", None) is None
+
     # --- the broadcast (nccl) transport -----------------------------------------------------
 
     def vf_broadcast_rank(self) -> int:
         """This worker's rank in the weight-broadcast group: 1 + its global index over data
-        parallel x pipeline parallel x tensor parallel (the trainer is rank 0)."""
+        parallel x pipeline parallel x tensor parallel (the trainer is rank 0).
+
+        The engine's index is ``parallel_config.data_parallel_index``: vLLM runs the data-parallel
+        engines of a dense model as independent replicas and sets ``data_parallel_rank = 0`` in
+        each (vLLM 0.26-0.33, ``EngineCoreProc.run_engine_core``); the index keeps the real one."""
         from vllm.distributed.parallel_state import get_pp_group, get_tp_group
 
         parallel = self.vllm_config.parallel_config
+        engine = getattr(parallel, "data_parallel_index", parallel.data_parallel_rank)
         tp, pp = get_tp_group(), get_pp_group()
         per_engine = tp.world_size * pp.world_size
-        return 1 + parallel.data_parallel_rank * per_engine + pp.rank_in_group * tp.world_size + tp.rank_in_group
+        return 1 + engine * per_engine + pp.rank_in_group * tp.world_size + tp.rank_in_group
 
     def vf_init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
                           rank_offset: int = 0) -> dict:
@@ -95,8 +105,15 @@ class WeightSyncExtension:
     def vf_receive_broadcast(self, buckets: list[dict]) -> dict:
         """Receive one weight update as broadcast buckets (see ``buckets.py``) and reload.
 
+        On a GPU each bucket is loaded as soon as it arrives and its buffer freed, so an update
+        needs one bucket of free GPU memory beside vLLM's reservation, not a second copy of the
+        model (16 GB for an 8B model in bf16, more than the 10% vLLM leaves free by default).
+        Elsewhere the whole update is reloaded at once (``_vf_reload``).
+
         Args:
             buckets: ``Bucket.to_json()`` of each bucket, in the order they are broadcast.
+        Returns:
+            ``{"tensors": int, "seconds": float}``.
         Raises:
             RuntimeError: no broadcast group (``vf_init_broadcast`` was not called).
         """
@@ -106,13 +123,18 @@ class WeightSyncExtension:
         if group is None:
             raise RuntimeError("no weight-broadcast group: POST /init_weight_broadcast first")
         start = time.perf_counter()
-        weights = []
+        direct, weights, tensors = self._vf_loads_directly(), [], 0
         for data in buckets:
             bucket = Bucket.from_json(data)
             buffer = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=group.device)
             group.broadcast(buffer)
-            weights += unpack_bucket(bucket, buffer)
-        return self._vf_reload(weights, start)
+            if direct:
+                tensors += self._vf_reload(unpack_bucket(bucket, buffer), start)["tensors"]
+            else:
+                weights += unpack_bucket(bucket, buffer)
+        if not direct:
+            return self._vf_reload(weights, start)
+        return {"tensors": tensors, "seconds": time.perf_counter() - start}
 
     # --- the ipc transport (a trainer on this worker's GPU) -----------------------------------
 
