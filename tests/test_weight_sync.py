@@ -207,3 +207,29 @@ def test_a_data_parallel_engine_takes_ranks_after_the_engines_before_it(monkeypa
         monkeypatch.setattr(parallel_state, "get_pp_group", lambda: SimpleNamespace(world_size=1, rank_in_group=0))
         ranks.append(worker.vf_broadcast_rank())
     assert ranks == expected
+
+
+def test_a_broadcast_a_member_will_never_join_fails_at_once_with_that_members_error():
+    """A vLLM worker that fails before receiving (its server answers with the error) must not leave the
+    trainer waiting out the group's timeout inside the broadcast: the broadcast stops with that error."""
+    import threading
+
+    from vf_rl.inference.communicator import BroadcastGroup, free_port
+
+    port, groups, asked = free_port(), {}, threading.Event()
+    worker = threading.Thread(target=lambda: groups.setdefault(1, BroadcastGroup("127.0.0.1", port, 1, 2, "gloo", 60.0)))
+    worker.start()
+    trainer = BroadcastGroup("127.0.0.1", port, 0, 2, "gloo", 60.0)
+    worker.join()
+
+    def failed():  # what the trainer sees: the server's HTTP answer, an error
+        asked.set()
+        return RuntimeError("vf-vllm /update_weights_broadcast failed (500): OutOfMemoryError")
+
+    # the worker receives only once the trainer has given up (so gloo's pending send can finish)
+    drain = threading.Thread(target=lambda: asked.wait(60) and groups[1].broadcast(torch.empty(1 << 26)))
+    drain.start()
+    with pytest.raises(RuntimeError, match="abandoned, a member failed: vf-vllm .* OutOfMemoryError"):
+        trainer.broadcast(torch.ones(1 << 26), failed=failed)  # 256 MiB: more than a socket buffer holds
+    drain.join(60)
+    assert trainer.group is None and asked.is_set()

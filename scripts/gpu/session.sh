@@ -26,7 +26,8 @@
 #            and as 2 data-parallel engines (SmolLM2), the trainer on a third GPU (tests/test_gpu.py, 3 GPUs visible)
 #   zero3  : issue 31, full-weight ZeRO-3 training of an 8B shape (random weights, MODEL_CONFIG) on TRAIN_GPUS
 #            (default 2) GPUs with nccl sync into vf-vllm on the GPU before them, STEPS (default 3), 16 rollouts of
-#            MAXTOK (default 1024) sampled tokens per step; each GPU's memory sampled every 2 s; background
+#            MAXTOK (default 1024) sampled tokens per step; each GPU's memory sampled every 2 s; background;
+#            TRAINER_ARGS: more [trainer.args] lines (\n between), TAG: a suffix for the run's name
 #   scaling: issue 31, the whole loop's throughput per layout: LAYOUTS (inference:trainer GPUs, default "1:1 2:2 3:1";
 #            the 128 rollouts split over the trainer's micro batches of 16) of reverse-text on SmolLM2 (16 x 8
 #            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py
@@ -264,7 +265,7 @@ multi)
     python3 -m pytest -m gpu tests/test_gpu.py -k "${MULTI_K:-every_worker}" -s -q -p no:cacheprovider
   ;;
 zero3)
-  m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-1024}; n=${TRAIN_GPUS:-2}; name=zero3-$m-$n
+  m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-1024}; n=${TRAIN_GPUS:-2}; name=zero3-$m-$n${TAG:+-$TAG}
   mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/$name*
   random_model $m
   { random_run_head $dir 1 false $n $tok; cat <<TOML; } > /tmp/runs/$name.toml
@@ -276,6 +277,7 @@ weight_sync = "nccl"
 batch_size = 16
 rollouts_per_example = 4
 learning_rate = 1e-6
+$(printf '%b' "${TRAINER_ARGS:-}")
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \

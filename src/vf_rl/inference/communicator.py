@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime
 import socket
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,11 +65,25 @@ class BroadcastGroup:
         else:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast ``tensor`` in place from rank 0 to every member (blocks until done)."""
+    def broadcast(self, tensor: torch.Tensor, failed: Callable[[], BaseException | None] | None = None) -> None:
+        """Broadcast ``tensor`` in place from rank 0 to every member (blocks until done).
+
+        Args:
+            failed: polled (every millisecond) while the broadcast is in flight; when it returns an
+                error (a member that will never join, e.g. a vLLM worker out of memory), the group
+                is aborted and that error raised at once, not after the group's timeout.
+        Raises:
+            RuntimeError: ``failed`` returned an error (chained from it); the group is closed.
+        """
         options = dist.BroadcastOptions()
         options.rootRank = 0
-        self.group.broadcast([tensor], options).wait()
+        work = self.group.broadcast([tensor], options)
+        while failed is not None and not work.is_completed():
+            if (error := failed()) is not None:
+                self.close()
+                raise RuntimeError(f"weight broadcast abandoned, a member failed: {error}") from error
+            time.sleep(0.001)
+        work.wait()
         if self.backend == "nccl":
             torch.cuda.current_stream(self.device).synchronize()
 

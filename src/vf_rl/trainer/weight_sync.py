@@ -205,8 +205,8 @@ class BroadcastSync(_Transport):
         buckets, buffers = snapshot
         announced = [b.to_json() for b in buckets]
         received = [self.http.submit(c.update_weights_broadcast, announced) for c in self.clients]
-        for buffer in buffers:
-            self.group.broadcast(buffer)
+        for buffer in buffers:  # a server that answers while its workers should be receiving has failed
+            self.group.broadcast(buffer, failed=lambda: _first_error(received))
         for future in received:
             future.result()
         self.buckets_sent = len(buckets)
@@ -216,6 +216,11 @@ class BroadcastSync(_Transport):
         super().close()
         self.group.close()
         self.http.shutdown(wait=False)
+
+
+def _first_error(futures: list) -> BaseException | None:
+    """The error of the first of ``futures`` that has failed, if any (never blocks)."""
+    return next((f.exception() for f in futures if f.done() and f.exception() is not None), None)
 
 
 class IpcSync(_Transport):
