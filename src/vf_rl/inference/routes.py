@@ -34,6 +34,7 @@ client ``renderers.client.generate`` calls) is adjusted or supplied:
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -97,8 +98,6 @@ async def every_worker(engine, method: str, args: tuple = ()) -> list:
     if hasattr(core, "call_utility_all_async"):  # vLLM >= 0.32
         per_engine = await core.call_utility_all_async(*call)
     else:
-        import asyncio
-
         per_engine = await asyncio.gather(*(core._call_utility_async(*call, engine=e) for e in engines))
     return [result for results in per_engine for result in results]
 

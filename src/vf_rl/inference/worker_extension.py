@@ -123,17 +123,17 @@ class WeightSyncExtension:
         if group is None:
             raise RuntimeError("no weight-broadcast group: POST /init_weight_broadcast first")
         start = time.perf_counter()
-        direct, weights, tensors = self._vf_loads_directly(), [], 0
+        direct, pending, tensors = self._vf_loads_directly(), [], 0
         for data in buckets:
             bucket = Bucket.from_json(data)
             buffer = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=group.device)
             group.broadcast(buffer)
+            pending += unpack_bucket(bucket, buffer)
             if direct:
-                tensors += self._vf_reload(unpack_bucket(bucket, buffer), start)["tensors"]
-            else:
-                weights += unpack_bucket(bucket, buffer)
-        if not direct:
-            return self._vf_reload(weights, start)
+                tensors += self._vf_reload(pending, start)["tensors"]
+                pending = []
+        if pending:
+            tensors += self._vf_reload(pending, start)["tensors"]
         return {"tensors": tensors, "seconds": time.perf_counter() - start}
 
     # --- the ipc transport (a trainer on this worker's GPU) -----------------------------------
