@@ -30,7 +30,8 @@
 #            TRAINER_ARGS: more [trainer.args] lines (\n between), TAG: a suffix for the run's name
 #   scaling: issue 31, the whole loop's throughput per layout: LAYOUTS (inference:trainer GPUs, default "1:1 2:2 3:1";
 #            the 128 rollouts split over the trainer's micro batches of 16) of reverse-text on SmolLM2 (16 x 8
-#            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py
+#            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py;
+#            MODEL_CONFIG (a trainer_step.py config, e.g. llama-1b) runs random weights of that shape instead
 #   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
 #            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
@@ -257,7 +258,12 @@ torch_compile = false
 ${BIG_EXTRA:-}
 TOML
   python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
-  background "timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1"
+  background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/big.gpumem.log & \
+    mon=\$!; timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1; \
+    kill \$mon"
+  ;;
+model)  # makes the random-weight model MODEL_CONFIG (default llama-3.1-8b) once, before lanes that share it start
+  random_model ${MODEL_CONFIG:-llama-3.1-8b}
   ;;
 multi)
   random_model llama-1b
@@ -285,6 +291,7 @@ TOML
     kill \$mon"
   ;;
 scaling)
+  [ -n "${MODEL_CONFIG:-}" ] && { random_model $MODEL_CONFIG; export MODEL=/tmp/rand-$MODEL_CONFIG; }
   for layout in ${LAYOUTS:-1:1 2:2 3:1}; do
     ni=${layout%%:*}; nt=${layout##*:}
     MAXTOK=${MAXTOK:-128} LIMIT=560 run scale-$ni-$nt 580 bash scripts/gpu/vf_rl_run.sh scale-$ni-$nt auto $ni $nt false \

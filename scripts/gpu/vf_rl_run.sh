@@ -2,14 +2,14 @@
 # usage (GPU machine, after `source scripts/gpu/env.sh`):
 #   scripts/gpu/vf_rl_run.sh NAME WEIGHT_SYNC INFERENCE_GPUS TRAINER_GPUS SHARED(true|false) STEPS [EAGER(true|false)]
 # Writes /tmp/runs/NAME.toml (reverse-text, or ENV_ID with ENV_ARGS (lines of its [env.args] table); SmolLM2 in
-# /tmp/smol, LoRA, batch 128 = 16 x 8, MAXTOK (default 32) sampled tokens at most), runs
+# MODEL (default /tmp/smol: SmolLM2), LoRA, batch 128 = 16 x 8, MAXTOK (default 32) sampled tokens at most), runs
 # `vf-rl @ NAME.toml --wait` (real tmux) with a limit of LIMIT seconds (default 360), and prints the step lines.
 set -u
 NAME=$1; SYNC=$2; NI=$3; NT=$4; SHARED=$5; STEPS=$6; EAGER=${7:-true}
 mkdir -p /tmp/runs
 PORT=$((8100 + RANDOM % 800))
 cat > /tmp/runs/$NAME.toml <<TOML
-model = "/tmp/smol"
+model = "${MODEL:-/tmp/smol}"
 [env]
 id = "${ENV_ID:-reverse-text}"
 [env.args]

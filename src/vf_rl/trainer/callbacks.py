@@ -38,8 +38,18 @@ def evaluating(args) -> bool:
 
 
 class RunCallback(TrainerCallback):
-    """Always save (and, when evaluation is on, evaluate) the final step; empty the device
-    cache every ``torch_empty_cache_steps``; write ``metrics.jsonl``, the console line and the plot."""
+    """Before the first step, RoPE buffers back in float32 (:func:`model.float32_rotary_buffers`:
+    the model is wrapped, and under DeepSpeed built and cast, by then). Always save (and, when
+    evaluation is on, evaluate) the final step; empty the device cache every
+    ``torch_empty_cache_steps``; write ``metrics.jsonl``, the console line and the plot."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from .model import float32_rotary_buffers
+
+        fixed = float32_rotary_buffers(model) if model is not None else 0
+        if fixed and state.is_world_process_zero:
+            print(f"RoPE: the inverse frequencies of {fixed} module(s) were below float32 (DeepSpeed builds "
+                  f"them in the training dtype): recomputed in float32", flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:

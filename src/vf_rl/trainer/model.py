@@ -51,6 +51,43 @@ def load_model(model: str, args: RLConfig) -> PreTrainedModel:
     return loaded
 
 
+def float32_rotary_buffers(model: torch.nn.Module) -> int:
+    """Recompute in float32 every RoPE inverse-frequency buffer (``inv_freq``,
+    ``original_inv_freq``, ``{layer_type}_inv_freq`` of transformers' ``*RotaryEmbedding``
+    modules) held in a lower precision; returns how many modules were fixed.
+
+    transformers computes these buffers in float32 and RoPE's angles from them
+    (``position * inv_freq``). Two things leave them in bf16/fp16 instead: DeepSpeed ZeRO-3
+    builds the model inside ``deepspeed.zero.Init``, which casts every floating tensor that
+    ``torch.arange`` creates to the training dtype, and older DeepSpeed releases (like any
+    ``model.to(torch.bfloat16)``) casts buffers with the weights. bf16 rounds an inverse frequency
+    by up to 2**-9 of itself, so a token's angle drifts by about ``position / 500`` radians:
+    attention at long positions changes, and the trainer's log-probs part from vLLM's (which
+    computes RoPE in float32) more and more along a sequence, with no error raised
+    (benchmarks/RESULTS.md, ac). The fix builds a fresh module of the same class from its
+    ``config`` (outside ``zero.Init``: float32 buffers) and takes its buffers, on the old ones'
+    devices. A module whose constructor needs more than its config keeps its buffers, with a warning.
+    """
+    fixed = 0
+    for module in model.modules():
+        low = [name for name, b in module.named_buffers(recurse=False)
+               if name.endswith("inv_freq") and b.is_floating_point() and b.dtype != torch.float32]
+        if not low or getattr(module, "config", None) is None:
+            continue
+        try:
+            fresh = type(module)(module.config)
+        except Exception as exc:  # noqa: BLE001 - any constructor failure: keep what is there
+            warnings.warn(f"{type(module).__name__}: its RoPE buffers stay in {module.get_buffer(low[0]).dtype}, "
+                          f"and long positions lose precision (rebuilding it from its config failed: {exc})",
+                          stacklevel=2)
+            continue
+        for name in low:
+            module.register_buffer(name, fresh.get_buffer(name).float().to(module.get_buffer(name).device),
+                                   persistent=False)
+        fixed += 1
+    return fixed
+
+
 def apply_lora(model: PreTrainedModel, args: RLConfig):
     """Wrap ``model`` in a peft LoRA model built from the ``lora_*`` arguments."""
     from peft import LoraConfig, get_peft_model
