@@ -18,7 +18,11 @@ Sides (``--sides``): ``vf-rl``, and TRL sides named ``trl`` plus options joined 
 mode in colocate). TRL generates with transformers on the CPU (``--trl-vllm none``) and with
 ``--trl-vllm colocate`` (one GPU) or ``server`` (``trl vllm-serve`` on GPU 0, training on GPU 1;
 with LoRA, TRL 1.16 sends the server its base weights at every sync, so the side copies each merged
-tensor before it is sent: see ``TRL_SCRIPT``).
+tensor before it is sent: see ``TRL_SCRIPT``). ``trl-async`` is TRL's asynchronous trainer
+(``trl.experimental.async_grpo.AsyncGRPOTrainer``: rollouts up to ``max_staleness`` weight
+versions behind, its own PPO-clip loss; no liger, compile or sleep mode) against the same server,
+single-turn environments only; its FlashAttention-3 kernel comes from the Hugging Face hub, so the
+side serves its attention with torch's FlashAttention varlen kernel instead (``varlen_flash_attn``).
 The best TRL side is the one with the most rollouts per second; ratios are against it.
 
 Environments (``--env``; the offline data shipped with vf-rl):
@@ -149,9 +153,11 @@ def trl_options(side: str) -> dict:
         ValueError: an unknown option."""
     known = {"compile": "torch_compile", "liger": "use_liger_kernel", "sleep": "vllm_enable_sleep_mode"}
     parts = side.split("-")[1:]
+    if side == "trl-async":  # TRL's asynchronous trainer: none of the options above apply to it
+        return {"async": True}
     unknown = [p for p in parts if p not in known]
     if side.split("-")[0] != "trl" or unknown:
-        raise ValueError(f"--sides: {side!r} is not vf-rl or trl[-compile][-liger][-sleep]")
+        raise ValueError(f"--sides: {side!r} is not vf-rl, trl[-compile][-liger][-sleep] or trl-async")
     return {known[p]: True for p in parts}
 
 
@@ -388,39 +394,67 @@ class Clock(TrainerCallback):
         if logs and "reward" in logs and "eval_reward" not in logs:
             records.append({"step": state.global_step, "reward": logs["reward"], "unix_s": time.time(),
                             "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"],
-                            # how far the generating server's log-probs are from the trainer's (stale weights)
-                            "logp_diff": logs.get("sampling/sampling_logp_difference/mean")})
+                            # how far the generating server's log-probs are from the trainer's (stale weights);
+                            # TRL's async trainer logs the mean of (server - trainer) log-prob as "kl"
+                            "logp_diff": logs.get("sampling/sampling_logp_difference/mean", logs.get("kl"))})
             print("learning-record", json.dumps(records[-1]), flush=True)  # progress, kept in the side's log
 
 batch = opts["prompts"] * opts["rollouts"]
 micro = opts["trl_micro_batch"] or batch  # TRL generates per_device_train_batch_size * gradient_accumulation_steps
 on_gpu = opts["device"] == "gpu"
-kwargs = dict(output_dir=opts["out"], per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
-              num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0, top_p=1.0,
-              learning_rate=opts["lr"], lr_scheduler_type="constant", beta=0.0, loss_type="cispo", epsilon_high=8.0,
-              scale_rewards="none", max_grad_norm=1.0, gradient_checkpointing=False, max_steps=opts["steps"],
-              logging_steps=1, save_strategy="no", report_to="none", seed=opts["seed"], shuffle_dataset=False,
-              use_cpu=not on_gpu, bf16=on_gpu, **opts["trl_options"])
-if opts["trl_vllm"] != "none":
-    kwargs |= dict(use_vllm=True, vllm_mode=opts["trl_vllm"])
-    if opts["trl_vllm"] == "server":
-        kwargs |= dict(vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600)
-    else:
-        kwargs |= dict(vllm_gpu_memory_utilization=opts["vllm_memory"], vllm_max_model_length=opts["max_seq_len"] + 512)
-config = GRPOConfig(**kwargs)
 lora = LoraConfig(r=opts["lora_rank"], lora_alpha=opts["lora_alpha"], lora_dropout=0.0, task_type="CAUSAL_LM",
                   target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
 multi_turn = opts["multi_turn"]
-trainer = GRPOTrainer(model=opts["model"], reward_funcs=rollout_reward if multi_turn else rubric_reward, args=config,
-                      train_dataset=data, processing_class=tokenizer, peft_config=lora, callbacks=[Clock()],
-                      rollout_func=multi_turn_rollouts if multi_turn else None)
-if opts["trl_vllm"] == "server":
-    # TRL 1.16, server mode with LoRA: its generator yields views of the merged weights and unmerges after the
-    # last one, while vLLM's packed NCCL broadcast concatenates the views only when the generator is exhausted,
-    # so the server receives the base weights at every sync and never learns. A copy taken at each yield (while
-    # merged) sends what TRL means to send; it costs one model's memory per sync.
-    _walk = trainer.vllm_generation._iter_named_params
-    trainer.vllm_generation._iter_named_params = lambda: ((name, p.clone()) for name, p in _walk())
+
+def grpo_trainer():
+    """TRL's GRPOTrainer (CISPO), generating with vLLM (colocate or server) or transformers."""
+    kwargs = dict(output_dir=opts["out"], per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
+                  num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0, top_p=1.0,
+                  learning_rate=opts["lr"], lr_scheduler_type="constant", beta=0.0, loss_type="cispo", epsilon_high=8.0,
+                  scale_rewards="none", max_grad_norm=1.0, gradient_checkpointing=False, max_steps=opts["steps"],
+                  logging_steps=1, save_strategy="no", report_to="none", seed=opts["seed"], shuffle_dataset=False,
+                  use_cpu=not on_gpu, bf16=on_gpu, **opts["trl_options"])
+    if opts["trl_vllm"] != "none":
+        kwargs |= dict(use_vllm=True, vllm_mode=opts["trl_vllm"])
+        if opts["trl_vllm"] == "server":
+            kwargs |= dict(vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600)
+        else:
+            kwargs |= dict(vllm_gpu_memory_utilization=opts["vllm_memory"], vllm_max_model_length=opts["max_seq_len"] + 512)
+    config = GRPOConfig(**kwargs)
+    trainer = GRPOTrainer(model=opts["model"], reward_funcs=rollout_reward if multi_turn else rubric_reward, args=config,
+                          train_dataset=data, processing_class=tokenizer, peft_config=lora, callbacks=[Clock()],
+                          rollout_func=multi_turn_rollouts if multi_turn else None)
+    if opts["trl_vllm"] == "server":
+        # TRL 1.16, server mode with LoRA: its generator yields views of the merged weights and unmerges after the
+        # last one, while vLLM's packed NCCL broadcast concatenates the views only when the generator is exhausted,
+        # so the server receives the base weights at every sync and never learns. A copy taken at each yield (while
+        # merged) sends what TRL means to send; it costs one model's memory per sync.
+        _walk = trainer.vllm_generation._iter_named_params
+        trainer.vllm_generation._iter_named_params = lambda: ((name, p.clone()) for name, p in _walk())
+    return trainer
+
+def async_trainer():
+    """TRL's asynchronous GRPO trainer against ``trl vllm-serve`` (its own loss and staleness bound).
+    Its rollout worker is a spawned process that unpickles ``rubric_reward`` from this file."""
+    from types import SimpleNamespace
+    from trl.chat_template_utils import add_response_schema, qwen3_template
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+    from trl.experimental.async_grpo import packing as tree
+    sys.path.insert(0, opts["benchmarks_dir"])
+    from learning import varlen_flash_attn
+    tree._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=varlen_flash_attn)  # no hub download
+    try:
+        add_response_schema(tokenizer)
+    except ValueError:  # a chat template TRL does not know (SmolLM2's ChatML): parse replies as Qwen3's ChatML
+        tokenizer.response_template = qwen3_template
+    config = AsyncGRPOConfig(
+        output_dir=opts["out"], per_device_train_batch_size=micro, gradient_accumulation_steps=batch // micro,
+        token_budget=0, num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0,
+        top_p=1.0, learning_rate=opts["lr"], lr_scheduler_type="constant", max_grad_norm=1.0,
+        gradient_checkpointing=False, max_steps=opts["steps"], logging_steps=1, save_strategy="no", report_to="none",
+        seed=opts["seed"], bf16=True, vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600)
+    return AsyncGRPOTrainer(model=opts["model"], reward_funcs=rubric_reward, args=config, train_dataset=data,
+                            processing_class=tokenizer, peft_config=lora, callbacks=[Clock()])
 
 def held_out_reward() -> float:
     """Mean reward of eval_rollouts samples per held-out row (temperature 1, the same rows and
@@ -456,16 +490,29 @@ def held_out_reward() -> float:
 
 def evaluate(step):
     start = time.perf_counter()
-    evals[step] = held_out_reward()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    attention = base.config._attn_implementation
+    if is_async:  # the async trainer's tree attention needs its packed layout: generate with sdpa
+        base.set_attn_implementation("sdpa")
+    try:
+        evals[step] = held_out_reward()
+    finally:
+        if is_async:
+            base.set_attn_implementation(attention)
     clock["eval_s"] += time.perf_counter() - start
     print("learning-eval", json.dumps({"step": step, "reward": evals[step]}), flush=True)
 
-evaluate(0)
-clock["eval_s"] = 0.0  # before on_train_begin: not on the clock anyway
-trainer.train()
-evaluate(trainer.state.global_step)
-peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
-Path(opts["out"], "trl.json").write_text(json.dumps({"records": records, "evals": evals, "peak_allocated_gib": peak}))
+if __name__ == "__main__":  # (the async trainer's rollout worker imports this file: no training there)
+    is_async = opts["trl_options"].pop("async", False)
+    trainer = async_trainer() if is_async else grpo_trainer()
+    evaluate(0)
+    clock["eval_s"] = 0.0  # before on_train_begin: not on the clock anyway
+    trainer.train()
+    evaluate(trainer.state.global_step)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+    Path(opts["out"], "trl.json").write_text(json.dumps({"records": records, "evals": evals,
+                                                          "peak_allocated_gib": peak}))
 '''
 
 
@@ -495,6 +542,33 @@ def gpu_names() -> list[dict]:
     return [{"name": name, "memory_total_mib": int(mib)} for name, mib in nvidia_smi("name,memory.total")]
 
 
+def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int,
+                      softmax_scale: float | None = None, causal: bool = True, window_size=(-1, -1), softcap=None):
+    """``flash_attn_varlen_func`` as TRL's async trainer calls it (FlashAttention-3, which it loads
+    from the Hugging Face hub), served by vf-rl's packed attention: torch's FlashAttention varlen
+    kernel on a GPU in bf16/fp16, one ``scaled_dot_product_attention`` per segment elsewhere.
+
+    Args:
+        q: ``[Nq, Hq, D]``; k, v: ``[Nk, Hkv, D]`` (``Hq`` a multiple of ``Hkv``).
+        cu_seqlens_q, cu_seqlens_k: ``[S + 1]`` int32 segment boundaries; a segment's queries are
+            the last of its keys (causal, bottom-right aligned, as FlashAttention's ``causal``).
+    Returns:
+        ``[Nq, Hq, D]``.
+    Raises:
+        NotImplementedError: non-causal, sliding-window or soft-capped attention.
+    """
+    from vf_rl.trainer.attention import _layout_attention
+    from vf_rl.trainer.packing import PackedLayout
+
+    if not causal or tuple(window_size) != (-1, -1) or softcap:
+        raise NotImplementedError("varlen_flash_attn: causal attention without a window or softcap only")
+    bq, bk = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    layout = PackedLayout(cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k),
+                          list(zip(bq, bq[1:], bk, bk[1:])))
+    heads_first = [x.transpose(0, 1)[None] for x in (q, k, v)]  # [1, H, N, D]
+    return _layout_attention(*heads_first, layout, softmax_scale, 0.0)[0]
+
+
 def start_trl_server(opts, out: Path) -> subprocess.Popen:
     """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
     ``--trl-vllm server``."""
@@ -518,8 +592,12 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     trl_out.mkdir(parents=True, exist_ok=True)
     options = trl_options(side)
     args = {**vars(opts), "out": str(trl_out), "env_args": spec.args, "max_seq_len": spec.max_seq_len,
-            "trl_options": options, "multi_turn": spec.multi_turn}
-    env = dict(os.environ)
+            "trl_options": options, "multi_turn": spec.multi_turn, "benchmarks_dir": str(Path(__file__).parent)}
+    # a file, not `python -c`: the async trainer's spawned rollout worker unpickles the reward function from it
+    script = trl_out / "trl_side.py"
+    script.write_text(TRL_SCRIPT)
+    # offline: no hub telemetry; NCCL's rendezvous address without probing a public one (vLLM's get_ip)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
     server = None
     if opts.device == "gpu":
         from vf_rl.inference.communicator import free_port
@@ -540,7 +618,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     log = trl_out / "trl.log"  # its progress (one "learning-record" line per step) survives a kill
     try:
         with log.open("w") as sink:
-            result = subprocess.run([sys.executable, "-c", TRL_SCRIPT, json.dumps(args, default=str), marker],
+            result = subprocess.run([sys.executable, str(script), json.dumps(args, default=str), marker],
                                     stdout=sink, stderr=subprocess.STDOUT, env=env)
     finally:
         if server is not None:
@@ -783,9 +861,13 @@ def main(argv=None) -> int:
         for side in sides:
             if side != "vf-rl":
                 try:
-                    trl_options(side)
+                    options = trl_options(side)
                 except ValueError as exc:
                     p.error(str(exc))
+                if options.get("async") and (opts.device != "gpu" or opts.trl_vllm != "server" or spec.multi_turn):
+                    p.error(f"--sides trl-async: TRL's async trainer needs --device gpu and --trl-vllm server, and a "
+                            f"single-turn environment (--env {opts.env}, --device {opts.device}, --trl-vllm "
+                            f"{opts.trl_vllm})")
         out = opts.out or Path(tempfile.mkdtemp(prefix="vf-rl-learning-"))
         out.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(opts).items()}

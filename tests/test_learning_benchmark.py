@@ -168,11 +168,51 @@ def test_trl_side_names():
     learning = _learning()
     assert learning.trl_options("trl") == {}
     assert learning.trl_options("trl-compile-liger") == {"torch_compile": True, "use_liger_kernel": True}
-    with pytest.raises(ValueError, match="not vf-rl or trl"):
-        learning.trl_options("trl-fast")
+    assert learning.trl_options("trl-async") == {"async": True}
+    for name in ("trl-fast", "trl-async-liger"):  # TRL's async trainer takes none of the GRPOTrainer options
+        with pytest.raises(ValueError, match="is not vf-rl, trl"):
+            learning.trl_options(name)
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--sides", "vf-rl,trl-fast"],
                          capture_output=True, text=True)
     assert out.returncode == 2 and "trl-fast" in out.stderr
+    # the async trainer runs against TRL's server on GPUs only, and single-turn environments only
+    for extra in ([], ["--device", "gpu", "--trl-vllm", "colocate"],
+                  ["--device", "gpu", "--trl-vllm", "server", "--env", "alphabet-sort"]):
+        out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--sides", "trl-async", *extra],
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and "trl-async: TRL's async trainer needs --device gpu and --trl-vllm server" \
+            in out.stderr, extra
+        assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("learning.py: error:")
+
+
+def test_the_async_sides_attention_is_causal_attention_per_segment():
+    """``varlen_flash_attn``, the FlashAttention-3 call of TRL's async trainer served by vf-rl's
+    packed attention (on the CPU: one SDPA per segment): segments whose queries are the last of
+    their keys (bottom-right causal), grouped-query heads, against attention written out."""
+    import itertools
+
+    import torch
+
+    learning = _learning()
+    g = torch.Generator().manual_seed(0)
+    lq, lk, hq, hkv, d, scale = [3, 5, 4], [6, 5, 9], 4, 2, 8, 0.3
+    q = torch.randn(sum(lq), hq, d, generator=g)
+    k, v = torch.randn(2, sum(lk), hkv, d, generator=g)
+    cq, ck = ([0, *itertools.accumulate(n)] for n in (lq, lk))
+    out = learning.varlen_flash_attn(q, k, v, torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32),
+                                     max(lq), max(lk), softmax_scale=scale, causal=True)
+    expected = []
+    for s in range(len(lq)):
+        qs = q[cq[s]:cq[s + 1]]
+        ks, vs = (x[ck[s]:ck[s + 1]].repeat_interleave(hq // hkv, dim=1) for x in (k, v))  # query head h: kv h // 2
+        scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale
+        later = torch.arange(lk[s])[None] > torch.arange(lq[s])[:, None] + (lk[s] - lq[s])
+        expected.append(torch.einsum("hqk,khd->qhd", scores.masked_fill(later, float("-inf")).softmax(-1), vs))
+    assert out.shape == q.shape
+    assert torch.allclose(out, torch.cat(expected), atol=1e-5)
+    with pytest.raises(NotImplementedError, match="without a window"):
+        learning.varlen_flash_attn(q, k, v, torch.tensor(cq, dtype=torch.int32), torch.tensor(ck, dtype=torch.int32),
+                                   max(lq), max(lk), window_size=(4, 0))
 
 
 @pytest.mark.slow
