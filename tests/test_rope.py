@@ -1,6 +1,7 @@
 """RoPE's inverse frequencies stay float32 in the trainer's model: DeepSpeed ZeRO-3 builds them in
 bf16 (``zero.Init`` casts ``torch.arange``), which bends every angle in proportion to its position;
-``float32_rotary_buffers`` (called by ``RunCallback.on_train_begin``) recomputes them."""
+``float32_rotary_buffers`` (called before the first step by ``Float32Rotary``, which the RL
+trainer's ``RunCallback`` and ``vf-sft`` use) recomputes them."""
 
 from __future__ import annotations
 

@@ -163,6 +163,7 @@ def train_sft(model: str, rows: list[dict], args: dict[str, Any]) -> Path:
     from trl import SFTConfig, SFTTrainer
 
     from vf_rl.config.rl_config import DEFAULT_LORA_TARGETS
+    from vf_rl.trainer.model import Float32Rotary
 
     own, sft = split_args(args)
     if own["num_examples"] > 0:
@@ -193,7 +194,7 @@ def train_sft(model: str, rows: list[dict], args: dict[str, Any]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     log.unlink(missing_ok=True)
     trainer = SFTTrainer(model=base, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         peft_config=lora, callbacks=[LossLog()])
+                         peft_config=lora, callbacks=[LossLog(), Float32Rotary()])
     trainer.train()
     trained = trainer.accelerator.unwrap_model(trainer.model)
     if lora is not None:

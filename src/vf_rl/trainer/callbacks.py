@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from . import display
+from .model import Float32Rotary
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -37,19 +38,10 @@ def evaluating(args) -> bool:
     return getattr(args.eval_strategy, "value", args.eval_strategy) != "no"
 
 
-class RunCallback(TrainerCallback):
-    """Before the first step, RoPE buffers back in float32 (:func:`model.float32_rotary_buffers`:
-    the model is wrapped, and under DeepSpeed built and cast, by then). Always save (and, when
-    evaluation is on, evaluate) the final step; empty the device cache every
+class RunCallback(Float32Rotary):
+    """Before the first step, RoPE buffers back in float32 (:class:`model.Float32Rotary`). Always
+    save (and, when evaluation is on, evaluate) the final step; empty the device cache every
     ``torch_empty_cache_steps``; write ``metrics.jsonl``, the console line and the plot."""
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from .model import float32_rotary_buffers
-
-        fixed = float32_rotary_buffers(model) if model is not None else 0
-        if fixed and state.is_world_process_zero:
-            print(f"RoPE: the inverse frequencies of {fixed} module(s) were below float32 (DeepSpeed builds "
-                  f"them in the training dtype): recomputed in float32", flush=True)
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:

@@ -7,7 +7,7 @@ import importlib.util
 import warnings
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
 
 from vf_rl.config.rl_config import RLConfig
 
@@ -86,6 +86,18 @@ def float32_rotary_buffers(model: torch.nn.Module) -> int:
                                    persistent=False)
         fixed += 1
     return fixed
+
+
+class Float32Rotary(TrainerCallback):
+    """Before the first step, :func:`float32_rotary_buffers` on the model (wrapped, and under
+    DeepSpeed built and cast, by then), said once on the main process when it fixed any. The RL
+    trainer (through ``RunCallback``) and ``vf-sft`` both use it."""
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        fixed = float32_rotary_buffers(model) if model is not None else 0
+        if fixed and state.is_world_process_zero:
+            print(f"RoPE: the inverse frequencies of {fixed} module(s) were below float32 (DeepSpeed builds "
+                  f"them in the training dtype): recomputed in float32", flush=True)
 
 
 def apply_lora(model: PreTrainedModel, args: RLConfig):
