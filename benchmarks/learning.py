@@ -443,6 +443,11 @@ def async_trainer():
     sys.path.insert(0, opts["benchmarks_dir"])
     from learning import varlen_flash_attn
     tree._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=varlen_flash_attn)  # no hub download
+    from vllm.distributed.weight_transfer import nccl_common, nccl_engine
+    if not hasattr(nccl_engine.NCCLWeightTransferEngine, "trainer_init"):
+        # vLLM 0.26 (the GPU machines'): the trainer's end of the NCCL group is nccl_common.trainer_init, which TRL
+        # (below vLLM 0.28) calls as NCCLWeightTransferEngine.trainer_init; same arguments, same communicator
+        nccl_engine.NCCLWeightTransferEngine.trainer_init = staticmethod(nccl_common.trainer_init)
     try:
         add_response_schema(tokenizer)
     except ValueError:  # a chat template TRL does not know (SmolLM2's ChatML): parse replies as Qwen3's ChatML
