@@ -562,14 +562,18 @@ def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     Raises:
         NotImplementedError: non-causal, sliding-window or soft-capped attention.
     """
+    import torch
+
     from vf_rl.trainer.attention import _layout_attention
     from vf_rl.trainer.packing import PackedLayout
 
     if not causal or tuple(window_size) != (-1, -1) or softcap:
         raise NotImplementedError("varlen_flash_attn: causal attention without a window or softcap only")
-    bq, bk = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    layout = PackedLayout(cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k),
-                          list(zip(bq, bq[1:], bk, bk[1:])))
+    segments = []  # host copies, read only by the per-segment path: a GPU's varlen kernel needs no host sync
+    if not (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)):
+        bq, bk = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        segments = list(zip(bq, bq[1:], bk, bk[1:]))
+    layout = PackedLayout(cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k), segments)
     heads_first = [x.transpose(0, 1)[None] for x in (q, k, v)]  # [1, H, N, D]
     return _layout_attention(*heads_first, layout, softmax_scale, 0.0)[0]
 
@@ -601,8 +605,10 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     # a file, not `python -c`: the async trainer's spawned rollout worker unpickles the reward function from it
     script = trl_out / "trl_side.py"
     script.write_text(TRL_SCRIPT)
-    # offline: no hub telemetry; NCCL's rendezvous address without probing a public one (vLLM's get_ip)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+    # a local model: no hub calls (TRL's telemetry); NCCL's rendezvous address without probing a public one (vLLM)
+    env = {**os.environ, "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+    if Path(opts.model).is_dir():
+        env.setdefault("HF_HUB_OFFLINE", "1")
     server = None
     if opts.device == "gpu":
         from vf_rl.inference.communicator import free_port

@@ -60,7 +60,7 @@ def float32_rotary_buffers(model: torch.nn.Module) -> int:
     (``position * inv_freq``). Two things leave them in bf16/fp16 instead: DeepSpeed ZeRO-3
     builds the model inside ``deepspeed.zero.Init``, which casts every floating tensor that
     ``torch.arange`` creates to the training dtype, and older DeepSpeed releases (like any
-    ``model.to(torch.bfloat16)``) casts buffers with the weights. bf16 rounds an inverse frequency
+    ``model.to(torch.bfloat16)``) cast buffers with the weights. bf16 rounds an inverse frequency
     by up to 2**-9 of itself, so a token's angle drifts by about ``position / 500`` radians:
     attention at long positions changes, and the trainer's log-probs part from vLLM's (which
     computes RoPE in float32) more and more along a sequence, with no error raised
