@@ -21,8 +21,10 @@ with LoRA, TRL 1.16 sends the server its base weights at every sync, so the side
 tensor before it is sent: see ``TRL_SCRIPT``). ``trl-async`` is TRL's asynchronous trainer
 (``trl.experimental.async_grpo.AsyncGRPOTrainer``: rollouts up to ``max_staleness`` weight
 versions behind, its own PPO-clip loss; no liger, compile or sleep mode) against the same server,
-single-turn environments only; its FlashAttention-3 kernel comes from the Hugging Face hub, so the
-side serves its attention with torch's FlashAttention varlen kernel instead (``varlen_flash_attn``).
+started as TRL asks for LoRA (``--enable-lora``, ``--max-loras`` for every version in flight, runtime
+adapter loading: each sync pushes the adapter, not the merged weights), single-turn environments
+only; its FlashAttention-3 kernel comes from the Hugging Face hub, so the side serves its attention
+with torch's FlashAttention varlen kernel instead (``varlen_flash_attn``).
 The best TRL side is the one with the most rollouts per second; ratios are against it.
 
 Environments (``--env``; the offline data shipped with vf-rl):
@@ -290,30 +292,30 @@ def template_ids(messages):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 class TurnClient:
-    """An OpenAI-shaped client for ``env.run_rollout`` whose chat completions TRL's generator
-    samples: the environment's turn loop, replies and stop rules run unchanged, and each round of
-    requests (every unfinished rollout waiting for its next turn) is one batched generate call.
+    """The OpenAI client ``env.run_rollout`` posts its chat completions through (``client.post``,
+    read as plain JSON: ``vf_rl.env_api.environment.post_json``), answered by TRL's generator: the
+    environment's turn loop, replies and stop rules run unchanged, and each round of requests
+    (every unfinished rollout waiting for its next turn) is one batched generate call.
     ``generate(list of prompt token ids) -> list of (completion ids, logprobs, truncated)``."""
     def __init__(self, generate):
         self.generate, self.pending = generate, []
-        self.chat = SimpleNamespace(completions=SimpleNamespace(create=self.create))
-    async def create(self, model, messages, **kwargs):
-        ids = template_ids(messages)
+    async def post(self, path, body, cast_to=None, options=None):
+        if path != "/chat/completions":
+            raise ValueError(f"TurnClient serves /chat/completions only, not {path}")
+        ids = template_ids(body["messages"])
         future = asyncio.get_running_loop().create_future()
         self.pending.append((ids, future))
-        return await future
+        return SimpleNamespace(content=json.dumps(await future).encode())
     async def serve(self, tasks):
         while not all(t.done() for t in tasks):
             await asyncio.sleep(0)
             if self.pending and len(self.pending) == sum(not t.done() for t in tasks):
                 batch, self.pending = self.pending, []
                 for (ids, future), (out, lps, cut) in zip(batch, self.generate([ids for ids, _ in batch])):
-                    text = tokenizer.decode(out, skip_special_tokens=True)
-                    logprobs = SimpleNamespace(content=[SimpleNamespace(logprob=x) for x in lps])
-                    choice = SimpleNamespace(token_ids=out, logprobs=logprobs,
-                                             message=SimpleNamespace(content=text, tool_calls=None),
-                                             finish_reason="length" if cut else "stop")
-                    future.set_result(SimpleNamespace(prompt_token_ids=ids, choices=[choice]))
+                    choice = {"token_ids": list(out), "logprobs": {"content": [{"logprob": x} for x in lps]},
+                              "message": {"content": tokenizer.decode(out, skip_special_tokens=True)},
+                              "finish_reason": "length" if cut else "stop"}
+                    future.set_result({"prompt_token_ids": ids, "choices": [choice]})
 
 def vllm_generate(trainer):
     def generate(prompt_ids):
@@ -354,7 +356,10 @@ def run_turns(prompts, generate):
             tasks.append(asyncio.ensure_future(env.run_rollout(client, "policy", rollout, sampling, semaphore)))
         await client.serve(tasks)
         return [t.result() for t in tasks]
-    return asyncio.run(run())
+    done = asyncio.run(run())
+    if all(r.error for r in done):  # this side's own plumbing, not the policy: stop rather than score nothing
+        raise RuntimeError(f"every rollout of the batch failed, the first with: {done[0].error}")
+    return done
 
 def multi_turn_rollouts(prompts, trainer):
     """TRL's ``rollout_func``: the turns of each rollout as one completion, the environment's
@@ -457,7 +462,8 @@ def async_trainer():
         token_budget=0, num_generations=opts["rollouts"], max_completion_length=opts["max_tokens"], temperature=1.0,
         top_p=1.0, learning_rate=opts["lr"], lr_scheduler_type="constant", max_grad_norm=1.0,
         gradient_checkpointing=False, max_steps=opts["steps"], logging_steps=1, save_strategy="no", report_to="none",
-        seed=opts["seed"], bf16=True, vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600)
+        seed=opts["seed"], bf16=True, vllm_server_base_url=opts["trl_server_url"], vllm_server_timeout=600,
+        max_staleness=opts["async_max_staleness"])
     return AsyncGRPOTrainer(model=opts["model"], reward_funcs=rubric_reward, args=config, train_dataset=data,
                             processing_class=tokenizer, peft_config=lora, callbacks=[Clock()])
 
@@ -578,9 +584,13 @@ def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     return _layout_attention(*heads_first, layout, softmax_scale, 0.0)[0]
 
 
-def start_trl_server(opts, out: Path) -> subprocess.Popen:
+ASYNC_MAX_STALENESS = 4  # AsyncGRPOConfig's default, set explicitly: the server's adapter slots follow from it
+
+
+def start_trl_server(opts, out: Path, adapters: bool = False) -> subprocess.Popen:
     """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
-    ``--trl-vllm server``."""
+    ``--trl-vllm server``. ``adapters``: serve LoRA adapters loaded at run time, as TRL's async
+    trainer asks for (it then syncs the adapter alone; it needs ``max_staleness + 2`` slots)."""
     from urllib.parse import urlparse
 
     url = urlparse(opts.trl_server_url)
@@ -588,9 +598,15 @@ def start_trl_server(opts, out: Path) -> subprocess.Popen:
             "--port", str(url.port), "--gpu_memory_utilization", "0.5", "--max_model_len", "2048"]
     if opts.enforce_eager:
         argv += ["--enforce_eager", "true"]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0]}
+    if adapters:  # passed through to `vllm serve`
+        from trl.experimental.async_grpo.async_grpo_trainer import round_lora_rank
+
+        argv += ["--enable-lora", "--max-lora-rank", str(round_lora_rank(opts.lora_rank)),
+                 "--max-loras", str(ASYNC_MAX_STALENESS + 2)]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     log = (out / "trl-vllm.log").open("w")
-    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0]})
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
 
 
 def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
@@ -601,7 +617,8 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     trl_out.mkdir(parents=True, exist_ok=True)
     options = trl_options(side)
     args = {**vars(opts), "out": str(trl_out), "env_args": spec.args, "max_seq_len": spec.max_seq_len,
-            "trl_options": options, "multi_turn": spec.multi_turn, "benchmarks_dir": str(Path(__file__).parent)}
+            "trl_options": options, "multi_turn": spec.multi_turn, "benchmarks_dir": str(Path(__file__).parent),
+            "async_max_staleness": ASYNC_MAX_STALENESS}
     # a file, not `python -c`: the async trainer's spawned rollout worker unpickles the reward function from it
     script = trl_out / "trl_side.py"
     script.write_text(TRL_SCRIPT)
@@ -621,7 +638,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
         env |= {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(free_port())}
         if opts.trl_vllm == "server":
-            server = start_trl_server(opts, out)
+            server = start_trl_server(opts, out, adapters=bool(options.get("async")))
     marker = f"learning-{side}-{os.getpid()}"
     sampler = PeakSampler(opts.device == "gpu", marker=marker)
     launched = time.time()

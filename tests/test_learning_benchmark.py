@@ -7,9 +7,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -185,6 +187,31 @@ def test_trl_side_names():
         assert "Traceback" not in out.stderr and out.stderr.strip().splitlines()[-1].startswith("learning.py: error:")
 
 
+def test_the_async_sides_server_serves_runtime_adapters(tmp_path, monkeypatch):
+    """trl-async's server is started as TRL's async trainer asks for LoRA (adapter-only syncs):
+    TRL's own vllm-serve parser passes the LoRA flags through to ``vllm serve``; the other server
+    sides keep merged-weight syncs."""
+    learning = _learning()
+    from trl.scripts import vllm_serve
+
+    started = []
+    monkeypatch.setattr(learning.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw["env"])))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    opts = SimpleNamespace(trl_server_url="http://127.0.0.1:8001", model="/models/m", enforce_eager=False,
+                           lora_rank=8)
+    learning.start_trl_server(opts, tmp_path, adapters=True)
+    learning.start_trl_server(opts, tmp_path)
+    (argv, env), (plain_argv, plain_env) = started
+    assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain_env and "--enable-lora" not in plain_argv
+    script_args, extra = vllm_serve.make_parser().parse_args_and_config(argv[3:], return_remaining_strings=True)
+    command = vllm_serve.build_command(script_args, extra)
+    assert command[command.index("serve") + 1] == "/models/m"
+    assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "8"
+    # TRL's trainer needs max_staleness + 2 adapter slots (one loads before the oldest unloads)
+    assert command[command.index("--max-loras") + 1] == str(learning.ASYNC_MAX_STALENESS + 2)
+
+
 def test_the_async_sides_attention_is_causal_attention_per_segment():
     """``varlen_flash_attn``, the FlashAttention-3 call of TRL's async trainer served by vf-rl's
     packed attention (on the CPU: one SDPA per segment): segments whose queries are the last of
@@ -232,6 +259,9 @@ def test_trl_side_runs_a_multi_turn_environment(tmp_path):
     assert rewards and all(0.0 <= r <= 1.0 for r in rewards)
     assert side["summary"]["eval_before"] is not None and side["summary"]["eval_after"] is not None
     log = (tmp_path / "run" / "trl" / "trl.log").read_text()
+    # the turns were sampled: a rollout that failed is one end token (TRL logs completion lengths of 1)
+    lengths = [float(x) for x in re.findall(r"'completions/mean_length': '([0-9.e+-]+)'", log)]
+    assert lengths and min(lengths) > 1.0
     assert "rollout_func" in log  # TRL's experimental-feature warning: the multi-turn path ran
     assert [p[1] for p in side["points"] if p[2] is not None] == [1, 2]  # optimizer steps, not micro batches
 
@@ -303,8 +333,6 @@ def test_vf_and_env_args_are_toml_values():
 
 
 def test_vllm_args_reach_the_vf_rl_sides_inference_table(tmp_path):
-    from types import SimpleNamespace
-
     learning = _learning()
     opts = SimpleNamespace(device="gpu", enforce_eager=False, shared=True, vllm_memory=0.3, env="alphabet-sort",
                            model="/m", prompts=16, rollouts=8, micro_batch=128, max_tokens=128, steps=10, minutes=8.0,
