@@ -565,6 +565,29 @@ def test_inference_args_are_checked_against_vllms_own_parser(tmp_path, line, nee
     assert list(tmp_path.iterdir()) == [path]
 
 
+def test_common_inference_args_are_checked_without_reading_vllms_parser(monkeypatch):
+    """A config that sets only common ``vllm serve`` options (and what vf-rl derives) does not wait
+    for the subprocess that reads vLLM's parser: each of them is an option of the installed vLLM
+    with no fixed choices, so the parser could reject none of their values."""
+    from vf_rl.config import vllm_flags
+
+    options = vllm_flags.serve_options()  # the installed vLLM's own parser (cached per version)
+    assert options is not None
+    for key in vllm_flags.COMMON_OPTIONS:
+        flag = "--" + key.replace("_", "-")
+        assert flag in options and options[flag]["choices"] is None, flag
+
+    def no_read():
+        raise AssertionError("read vLLM's parser")
+
+    monkeypatch.setattr(vllm_flags, "serve_options", no_read)
+    assert vllm_flags.check_inference_args({"max_model_len": 1536, "gpu_memory_utilization": 0.3,
+                                            "api_server_count": 4, "enforce_eager": True,
+                                            "host": "127.0.0.1", "port": 8000}) is True
+    with pytest.raises(AssertionError, match="read vLLM's parser"):  # any other key is checked by the parser
+        vllm_flags.check_inference_args({"max_model_len": 1536, "dtype": "bfloat16"})
+
+
 def test_older_key_names_map_to_the_current_ones(tmp_path):
     """``num_generations`` and ``num_batches_ahead`` (the seeds' names) set ``rollouts_per_example``
     and ``max_off_policy_steps`` on both paths."""

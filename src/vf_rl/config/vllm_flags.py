@@ -3,8 +3,9 @@ installed vLLM's own ``vllm serve`` argument parser.
 
 The launcher must not import vLLM (seconds, and a GPU stack), so the parser's options are read
 once per vLLM version in a subprocess and cached as JSON in vf-rl's cache (``config/cache.py``:
-``$VF_RL_CACHE``, default ``~/.cache/vf-rl``): the first check of a new vLLM takes about 10 s,
-later ones are instant.
+``$VF_RL_CACHE``, default ``~/.cache/vf-rl``): the first check of a new vLLM takes 10-15 s,
+later ones are instant. A config whose keys are all :data:`COMMON_OPTIONS` needs no read at all,
+so the usual run's first launch on a machine does not wait for one.
 """
 
 from __future__ import annotations
@@ -59,17 +60,29 @@ def serve_options(timeout: float = 180.0) -> dict[str, dict] | None:
     return cached_json(f"vllm-serve-options-{version}", read_parser)
 
 
+# `vllm serve` options without a fixed set of choices in every vLLM vf-rl runs with (0.26-0.33): the parser
+# could reject none of their values, so a config that sets only these is checked without reading it
+COMMON_OPTIONS = frozenset({
+    "host", "port", "max_model_len", "gpu_memory_utilization", "enforce_eager", "api_server_count", "tensor_parallel_size",
+    "data_parallel_size", "max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "enable_chunked_prefill",
+    "seed", "enable_lora", "max_loras", "max_logprobs", "served_model_name", "trust_remote_code"})
+
+
 def check_inference_args(args: dict, options: dict[str, dict] | None = None) -> bool:
     """Every ``[inference.args]`` key is a ``vllm serve`` option of the installed vLLM, and a
-    value with a fixed set of choices is one of them.
+    value with a fixed set of choices is one of them. Keys that are all :data:`COMMON_OPTIONS`
+    pass without the parser (none of their values can fail it).
 
     Args:
-        options: the parser's options (default :func:`serve_options`).
+        options: the parser's options (default :func:`serve_options`, read only when a key is not
+            a common option).
     Returns:
         whether the check ran (``False`` when vLLM is not installed here).
     Raises:
         ConfigError: ``inference.args.<key>: ...`` with the nearest valid option.
     """
+    if options is None and set(args) <= COMMON_OPTIONS:
+        return vllm_version() is not None
     options = serve_options() if options is None else options
     if options is None:
         return False
