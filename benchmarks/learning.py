@@ -587,6 +587,14 @@ def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
 ASYNC_MAX_STALENESS = 4  # AsyncGRPOConfig's default, set explicitly: the server's adapter slots follow from it
 
 
+def served_lora_rank(rank: int) -> int:
+    """The smallest ``--max-lora-rank`` vLLM accepts (its choices: 1, 8, 16, 32, 64, 128, 256, 320,
+    512) that holds an adapter of ``rank``, as TRL's ``round_lora_rank``. Not imported from TRL:
+    importing its async trainer imports vLLM, which sets ``VLLM_LOGGING_LEVEL=ERROR`` (and more) in
+    this process's environment, inherited by every side started after it."""
+    return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)
+
+
 def start_trl_server(opts, out: Path, adapters: bool = False) -> subprocess.Popen:
     """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
     ``--trl-vllm server``. ``adapters``: serve LoRA adapters loaded at run time, as TRL's async
@@ -600,9 +608,7 @@ def start_trl_server(opts, out: Path, adapters: bool = False) -> subprocess.Pope
         argv += ["--enforce_eager", "true"]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0]}
     if adapters:  # passed through to `vllm serve`
-        from trl.experimental.async_grpo.async_grpo_trainer import round_lora_rank
-
-        argv += ["--enable-lora", "--max-lora-rank", str(round_lora_rank(opts.lora_rank)),
+        argv += ["--enable-lora", "--max-lora-rank", str(served_lora_rank(opts.lora_rank)),
                  "--max-loras", str(ASYNC_MAX_STALENESS + 2)]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     log = (out / "trl-vllm.log").open("w")

@@ -192,22 +192,29 @@ def test_the_async_sides_server_serves_runtime_adapters(tmp_path, monkeypatch):
     TRL's own vllm-serve parser passes the LoRA flags through to ``vllm serve``; the other server
     sides keep merged-weight syncs."""
     learning = _learning()
-    from trl.scripts import vllm_serve
-
     started = []
     monkeypatch.setattr(learning.subprocess, "Popen", lambda argv, **kw: started.append((argv, kw["env"])))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     opts = SimpleNamespace(trl_server_url="http://127.0.0.1:8001", model="/models/m", enforce_eager=False,
                            lora_rank=8)
+    before = dict(os.environ)
     learning.start_trl_server(opts, tmp_path, adapters=True)
     learning.start_trl_server(opts, tmp_path)
+    assert dict(os.environ) == before  # nothing leaks into the sides started after the server
+    monkeypatch.undo()  # subprocess.Popen itself again, for the check below
     (argv, env), (plain_argv, plain_env) = started
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain_env and "--enable-lora" not in plain_argv
-    script_args, extra = vllm_serve.make_parser().parse_args_and_config(argv[3:], return_remaining_strings=True)
-    command = vllm_serve.build_command(script_args, extra)
+    # TRL's parser in a process of its own: importing it imports vLLM, which sets VLLM_LOGGING_LEVEL in os.environ
+    read = ("import json, sys\nfrom trl.scripts import vllm_serve\n"
+            "args, extra = vllm_serve.make_parser().parse_args_and_config(sys.argv[1:], return_remaining_strings=True)\n"
+            "print(json.dumps(vllm_serve.build_command(args, extra)))")
+    out = subprocess.run([sys.executable, "-c", read, *argv[3:]], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    command = json.loads(out.stdout.strip().splitlines()[-1])
     assert command[command.index("serve") + 1] == "/models/m"
     assert "--enable-lora" in command and command[command.index("--max-lora-rank") + 1] == "8"
+    assert [learning.served_lora_rank(r) for r in (1, 4, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
     # TRL's trainer needs max_staleness + 2 adapter slots (one loads before the oldest unloads)
     assert command[command.index("--max-loras") + 1] == str(learning.ASYNC_MAX_STALENESS + 2)
 
