@@ -441,7 +441,6 @@ def grpo_trainer():
 def async_trainer():
     """TRL's asynchronous GRPO trainer against ``trl vllm-serve`` (its own loss and staleness bound).
     Its rollout worker is a spawned process that unpickles ``rubric_reward`` from this file."""
-    from types import SimpleNamespace
     from trl.chat_template_utils import add_response_schema, qwen3_template
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import packing as tree
