@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from vf_rl.config.rules import choose_weight_sync
-from vf_rl.inference.buckets import Bucket, pack_bucket, plan_buckets, unpack_bucket
+from vf_rl.inference.buckets import Bucket, pack_buckets, plan_buckets, unpack_bucket
 
 
 def named(*specs):
@@ -34,14 +34,30 @@ def test_buckets_respect_the_size_limit_keep_order_and_split_by_dtype():
 
 
 def test_pack_then_unpack_gives_the_same_tensors_through_json():
-    tensors = named(("w", (3, 5), torch.bfloat16), ("v", (7,), torch.bfloat16), ("s", (2, 2, 2), torch.bfloat16))
-    for bucket in plan_buckets(tensors.items(), 1 << 20):
+    tensors = named(("w", (3, 5), torch.bfloat16), ("v", (7,), torch.bfloat16), ("s", (2, 2, 2), torch.bfloat16),
+                    ("f", (4,), torch.float32))
+    buckets = plan_buckets(tensors.items(), bucket_bytes=40)  # w alone, v + s, f: three buffers
+    assert len(buckets) == 3
+    buffers = [torch.full((b.numel,), float("nan"), dtype=getattr(torch, b.dtype)) for b in buckets]
+    pack_buckets(buckets, iter(reversed(tensors.items())), buffers)  # a stream, in any order
+    for bucket, buffer in zip(buckets, buffers):
         wire = Bucket.from_json(bucket.to_json())  # what the worker rebuilds from the HTTP body
-        buffer = pack_bucket(bucket, tensors)
-        assert buffer.shape == (wire.numel,) and buffer.dtype == torch.bfloat16
+        assert buffer.shape == (wire.numel,) and not buffer.isnan().any()
         received = torch.empty_like(buffer).copy_(buffer)
         for name, view in unpack_bucket(wire, received):
             assert torch.equal(view, tensors[name]) and view.shape == tensors[name].shape
+
+
+def test_packing_refuses_a_stream_that_does_not_match_the_plan():
+    tensors = named(("w", (3, 5), torch.float32), ("v", (7,), torch.float32))
+    buckets = plan_buckets(tensors.items(), 1 << 20)
+    buffers = [torch.empty(b.numel) for b in buckets]
+    with pytest.raises(ValueError, match="did not arrive"):
+        pack_buckets(buckets, [("w", tensors["w"])], buffers)
+    with pytest.raises(ValueError, match="x: not in the bucket plan"):
+        pack_buckets(buckets, [*tensors.items(), ("x", torch.zeros(1))], buffers)
+    with pytest.raises(ValueError, match="v: 8 elements"):
+        pack_buckets(buckets, [("w", tensors["w"]), ("v", torch.zeros(8))], buffers)
 
 
 @pytest.mark.parametrize("data, message", [

@@ -5,7 +5,7 @@ from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from vf_rl.trainer.weights import export_weights, merged_state_dict
+from vf_rl.trainer.weights import export_weights, merged_state_dict, merged_tensors
 
 
 def tiny_llama(tied=True):
@@ -37,6 +37,27 @@ def test_merged_state_dict_equals_peft_merge():
         assert torch.allclose(exported[name], tensor, atol=1e-6), name
     assert not torch.equal(exported["model.layers.0.self_attn.q_proj.weight"],
                            before["base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"])
+
+
+def test_each_weight_is_merged_when_it_is_reached():
+    """The ipc and nccl transports pack merged weights one at a time (an 8B model's whole merged
+    copy did not fit beside vLLM on one H100): a merge happens when the stream reaches it, so an
+    adapter changed mid-stream shows in the weights after that point only."""
+    peft_model = lora(tiny_llama())
+    base = {k.replace("base_model.model.", "").replace(".base_layer", ""): v.clone()
+            for k, v in peft_model.state_dict().items() if "lora_" not in k}
+    stream = merged_tensors(peft_model)
+    first = next((name, t) for name, t in stream if name.endswith("q_proj.weight"))
+    assert first[0] == "model.layers.0.self_attn.q_proj.weight" and not torch.equal(first[1], base[first[0]])
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+    rest = dict(stream)
+    assert torch.equal(rest["model.layers.1.self_attn.q_proj.weight"], base["model.layers.1.self_attn.q_proj.weight"])
+    planned = dict(merged_tensors(lora(tiny_llama()), merge=False))  # the layout, no merge computed
+    assert planned.keys() == merged_state_dict(peft_model).keys() and "lm_head.weight" not in planned
+    assert all(torch.equal(planned[k], base[k]) for k in planned)
 
 
 def test_modules_to_save_and_untied_head_are_exported_under_base_names():

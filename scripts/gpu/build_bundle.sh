@@ -3,15 +3,16 @@
 # usage: scripts/gpu/build_bundle.sh [REPO_ROOT]        (default: the repo this script lives in)
 # env:   PY312 (a CPython 3.12, default ~/.pyenv/versions/3.12.1), MODEL (SmolLM2-135M-Instruct dir),
 #        WORK (the vLLM builder's work dir, default /tmp/vgw), TOOLS (that builder's folder)
-# Layout in REPO_ROOT (each folder < 58 MiB; parts split with `split -b 56m`):
+# Layout in REPO_ROOT (each folder <= 51 MiB, parts split with `split -b 50m`: a carry takes 64 MiB with the
+# checkout's tracked files, ~8 MiB):
 #   .c1  site.tar.xz.aa        .c2  site.tar.xz.ab        (vLLM 0.26 bundle, shared/tools/gpu-vllm)
 #   .c3  smol.st.xz.aa         .c4  smol.st.xz.ab         (SmolLM2 model.safetensors, xz)
-#   .c5  site.tar.xz.ac + smol.st.xz.ac + smol/ + smol.sha256
+#   .c5  site.tar.xz.ac        .c6  smol.st.xz.ac + smol/ + smol.sha256   (one folder when both fit in 50 MiB)
 #   .gpu whl/*.whl (+README.txt), debs/*.deb (tmux)
-# One `run` call per transfer, carry: [.c1], [.c2], [.c3], [.c4], [.c5], [.gpu]: .c5 + .gpu is ~68 MiB,
-# over the ~60 MiB a carry may take with the checkout, so .gpu travels alone (the end of this script
-# prints the sum and says which). Each run moves its folder to /tmp/chunks/ at once
-# (`mkdir -p /tmp/chunks; mv .cN /tmp/chunks/`), then `source scripts/gpu/env.sh` unpacks everything.
+# One `run` call per transfer, carry: [.c1], ..., [.c6], [.gpu] (the end of this script prints the sum of
+# the last folder and .gpu, and says whether they can travel together). Each run moves its folder to
+# /tmp/chunks/ at once (`mkdir -p /tmp/chunks; mv .cN /tmp/chunks/`), then `source scripts/gpu/env.sh`
+# unpacks everything.
 set -euo pipefail
 REPO=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 MODEL=${MODEL:-$HOME/.cache/vf-rl/models/SmolLM2-135M-Instruct}
@@ -25,12 +26,12 @@ rm -rf "$REPO"/.c[0-9] "$REPO/.gpu" "$WORK"/site.tar.xz* "$WORK"/smol.st.xz*
 "$TOOLS/build_bundle.sh" "$REPO" "$MODEL"
 rm -rf "$REPO"/.c[0-9]
 cd "$WORK"
-split -b 56m -a 2 site.tar.xz site.tar.xz.
-split -b 56m -a 2 smol.st.xz smol.st.xz.
+split -b 50m -a 2 site.tar.xz site.tar.xz.
+split -b 50m -a 2 smol.st.xz smol.st.xz.
 n=0; put() { n=$((n+1)); mkdir -p "$REPO/.c$n"; mv "$@" "$REPO/.c$n/"; }
 s=(site.tar.xz.??) m=(smol.st.xz.??)
 for p in "${s[@]:0:${#s[@]}-1}" "${m[@]:0:${#m[@]}-1}"; do put "$p"; done
-if (( $(stat -c %s "${s[-1]}") + $(stat -c %s "${m[-1]}") > 53*MiB )); then
+if (( $(stat -c %s "${s[-1]}") + $(stat -c %s "${m[-1]}") > 50*MiB )); then
   put "${s[-1]}"; put "${m[-1]}"                           # too big to share a folder
 else put "${s[-1]}" "${m[-1]}"; fi                         # the last parts share the final folder
 mkdir -p "$REPO/.c$n/smol"
@@ -75,4 +76,4 @@ cat $(ls .c[0-9]/smol.st.xz.?? | sort -t/ -k2) | xz -dc -T0 | sha256sum | cut -d
 echo "parts OK: site.tar.xz (xz -t), smol model (sha256)"
 du -sh .c[0-9] .gpu
 last=$(du -sb .c$n .gpu | awk '{t+=$1} END {print int(t/1048576)}')
-if (( last <= 60 )); then echo "carry .c$n and .gpu together ($last MiB)"; else echo "carry .gpu alone: .c$n + .gpu = $last MiB > 60"; fi
+if (( last <= 52 )); then echo "carry .c$n and .gpu together ($last MiB)"; else echo "carry .gpu alone: .c$n + .gpu = $last MiB > 52"; fi

@@ -1,7 +1,7 @@
 """The trainer's peak GPU memory per process, estimated from the model's config and the run's
 sizes before anything starts (``vf-rl @ cfg --dry-run``, the launch, ``--preflight``).
 
-The estimate adds five parts (bytes; activations in the model's bf16):
+The estimate adds six parts (bytes; activations in the model's bf16):
 
 * **weights**: ``2 P`` (``P`` parameters, bf16).
 * **gradients** and **optimizer state**: full fine-tuning keeps bf16 gradients and torch AdamW's
@@ -25,6 +25,10 @@ The estimate adds five parts (bytes; activations in the model's bf16):
   (``trainer/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
   when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
   ``LOGPROB_CHUNK_BYTES`` are live at once.
+* **weight sync**: the ``ipc`` and ``nccl`` transports pack the merged weights into flat buffers
+  on the trainer's GPU (``2 P``; ``ipc`` keeps them for the workers to read, ``nccl`` holds them
+  while the next step runs), one merged weight at a time (``trainer/weights.merged_tensors``).
+  ``filesystem`` and ``lora`` take no GPU memory for it.
 
 The tokens of a pass are what the trainer forwards at once (:func:`pass_tokens`):
 ``micro_batch_tokens`` when set, else ``micro_batch_size`` x the batch's mean sample length
@@ -114,15 +118,18 @@ class MemoryEstimate:
     logits: int
     tokens_per_pass: int
     trained_tokens_per_pass: int
+    sync: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.logits
+        return self.weights + self.gradients + self.optimizer + self.activations + self.logits + self.sync
 
     def describe(self) -> str:
-        """``"15.6 GiB (weights 2.3, gradients 2.3, optimizer 4.6, activations 5.4, logits 1.0; 4096 tokens per pass)"``."""
-        parts = ", ".join(f"{name} {getattr(self, name) / GIB:.1f}"
-                          for name in ("weights", "gradients", "optimizer", "activations", "logits"))
+        """``"15.6 GiB (weights 2.3, gradients 2.3, optimizer 4.6, activations 5.4, logits 1.0; 4096 tokens per pass)"``,
+        with ``weight sync`` after ``logits`` when the transport holds buffers on the GPU."""
+        names = ("weights", "gradients", "optimizer", "activations", "logits") + (("sync",) if self.sync else ())
+        parts = ", ".join(f"{'weight sync' if name == 'sync' else name} {getattr(self, name) / GIB:.1f}"
+                          for name in names)
         return f"{self.total / GIB:.1f} GiB ({parts}; {self.tokens_per_pass} tokens per pass)"
 
     def as_dict(self) -> dict:
@@ -132,7 +139,8 @@ class MemoryEstimate:
 def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int, trained_tokens_per_pass: int,
                           lora_rank: int = 16, lora_targets: Any = None, fused_layers: bool = True,
                           gradient_checkpointing: bool = False, activation_offloading: bool = False,
-                          tiled_mlp: bool = False, zero3_processes: int = 1) -> MemoryEstimate:
+                          tiled_mlp: bool = False, zero3_processes: int = 1,
+                          sync_buffers: bool = False) -> MemoryEstimate:
     """The peak bytes one trainer process holds during a step (module docstring's formula).
 
     Args:
@@ -142,6 +150,7 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         activation_offloading: with ``gradient_checkpointing``, the layers' inputs are in host memory.
         tiled_mlp: the MLPs keep no intermediates (``trainer/tiling.py``), but one tile's of ``hidden`` tokens.
         zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
+        sync_buffers: the weight-sync transport packs the merged weights on the GPU (``ipc``, ``nccl``).
     """
     from vf_rl.trainer.logprobs import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
 
@@ -165,7 +174,8 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
     kept = trained_tokens_per_pass * vocab * 2
     logits = (kept if kept <= LOGPROB_KEEP_BYTES else 0) + 2 * min(trained_tokens_per_pass * vocab * 4,
                                                                     LOGPROB_CHUNK_BYTES)
-    return MemoryEstimate(weights, gradients, optimizer, activations, logits, tokens_per_pass, trained_tokens_per_pass)
+    return MemoryEstimate(weights, gradients, optimizer, activations, logits, tokens_per_pass, trained_tokens_per_pass,
+                          sync=2 * shape.params if sync_buffers else 0)
 
 
 def _fused(a: dict, liger_installed: bool | None = None) -> bool:
@@ -236,7 +246,8 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
 
     Raises:
         ValueError: as :func:`load_shape`."""
-    from vf_rl.config.schema import trainer_values
+    from vf_rl.config.rules import choose_weight_sync
+    from vf_rl.config.schema import layout_devices, trainer_values
 
     a = trainer_values(config)
     shape = shape or load_shape(config.model)
@@ -249,7 +260,9 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
                                  fused_layers=_fused(a, liger_installed),
                                  gradient_checkpointing=bool(a.get("gradient_checkpointing")),
                                  activation_offloading=bool(a.get("activation_offloading")),
-                                 tiled_mlp=bool(a.get("tiled_mlp")), zero3_processes=zero3)
+                                 tiled_mlp=bool(a.get("tiled_mlp")), zero3_processes=zero3,
+                                 sync_buffers=choose_weight_sync(a["weight_sync"], *layout_devices(config, a))
+                                 in ("ipc", "nccl"))
 
 
 def inference_bytes(config, gpu_bytes: int = GPU_80GB_BYTES) -> int:
@@ -285,6 +298,8 @@ def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES
         hints.append("a smaller micro_batch_size (or micro_batch_tokens)")
     if vllm:
         hints.append("a lower inference.args.gpu_memory_utilization, or shared = false on two GPUs")
+    if estimate.sync:  # the adapter alone, or a file: no buffers of merged weights on the GPU
+        hints.append("weight_sync = 'lora'" if a["use_lora"] else "weight_sync = 'filesystem'")
     return False, f"{line}: does not fit; try " + ", ".join(hints or ["a smaller model"])
 
 

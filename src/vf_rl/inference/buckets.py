@@ -1,7 +1,7 @@
 """Weight buckets: many named tensors packed into a few flat buffers, so a weight update is a
 handful of large collective broadcasts instead of one message per tensor.
 
-The trainer plans (:func:`plan_buckets`) and packs (:func:`pack_bucket`), sends each bucket's metadata as JSON over HTTP and
+The trainer plans (:func:`plan_buckets`) and packs (:func:`pack_buckets`), sends each bucket's metadata as JSON over HTTP and
 broadcasts each buffer; every vLLM worker allocates the same buffers, receives them and
 unpacks them (:func:`unpack_bucket`) into views. Used by the ``nccl`` weight-sync transport, and
 by ``ipc``, whose buffers stay on the trainer's GPU and are opened by the workers in place.
@@ -83,14 +83,28 @@ def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     return done + [b for b in open_buckets.values() if b.numel]
 
 
-def pack_bucket(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor | None = None) -> torch.Tensor:
-    """The flat buffer of ``bucket``: 1-D, ``bucket.numel`` elements of its dtype, on the
-    device of its tensors; written into ``out`` (same numel and dtype) when given, which the
-    ``ipc`` transport reuses across updates."""
-    parts = [tensors[name].reshape(-1) for name, _, _ in bucket.tensors]
-    if out is not None:
-        return torch.cat(parts, out=out) if len(parts) > 1 else out.copy_(parts[0])
-    return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+def pack_buckets(buckets: list[Bucket], named_tensors: Iterable[tuple[str, torch.Tensor]],
+                 out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy each tensor of ``named_tensors`` into its place in the flat buffers ``out`` (one per
+    bucket: 1-D, ``bucket.numel`` elements of its dtype), as the tensors arrive: a stream of
+    tensors computed one at a time (``weights.merged_tensors``) never needs to be held whole.
+
+    Raises:
+        ValueError: a tensor the plan lacks, or one of a different size, or a planned tensor
+            that did not arrive.
+    """
+    places = {name: (i, offset, math.prod(shape)) for i, bucket in enumerate(buckets)
+              for name, shape, offset in bucket.tensors}
+    for name, tensor in named_tensors:
+        if name not in places:
+            raise ValueError(f"{name}: not in the bucket plan")
+        i, offset, numel = places.pop(name)
+        if tensor.numel() != numel:
+            raise ValueError(f"{name}: {tensor.numel()} elements, the bucket plan has {numel}")
+        out[i][offset:offset + numel].copy_(tensor.reshape(-1))
+    if places:
+        raise ValueError(f"{len(places)} planned tensors did not arrive (the first: {next(iter(places))})")
+    return out
 
 
 def unpack_bucket(bucket: Bucket, buffer: torch.Tensor) -> list[tuple[str, torch.Tensor]]:

@@ -42,10 +42,10 @@ from pathlib import Path
 
 import torch
 
-from vf_rl.inference.buckets import pack_bucket, plan_buckets
+from vf_rl.inference.buckets import DTYPES, pack_buckets, plan_buckets
 from vf_rl.inference.client import InferenceClient
 
-from .weights import export_weights, merged_state_dict
+from .weights import export_weights, merged_tensors
 
 LORA_NAME = "vf-rl-lora"
 
@@ -196,9 +196,9 @@ class BroadcastSync(_Transport):
     overlaps = True
 
     def _snapshot(self, model: torch.nn.Module) -> tuple[list, list[torch.Tensor]]:
-        tensors = merged_state_dict(model, device=None)
-        buckets = plan_buckets(tensors.items(), self.bucket_bytes)
-        return buckets, [pack_bucket(bucket, tensors).to(self.device) for bucket in buckets]
+        buckets = plan_buckets(merged_tensors(model, merge=False), self.bucket_bytes)
+        buffers = [torch.empty(b.numel, dtype=DTYPES[b.dtype], device=self.device) for b in buckets]
+        return buckets, pack_buckets(buckets, merged_tensors(model, device=self.device), buffers)
 
     def _send(self, snapshot) -> list[int]:
         """All the servers (a broadcast needs every member of the group)."""
@@ -245,15 +245,12 @@ class IpcSync(_Transport):
     def _snapshot(self, model: torch.nn.Module) -> None:
         from vf_rl.inference.ipc import share
 
-        tensors = merged_state_dict(model, device=None)
-        buckets = plan_buckets(tensors.items(), self.bucket_bytes)
+        buckets = plan_buckets(merged_tensors(model, merge=False), self.bucket_bytes)
         if [b.to_json() for b in buckets] != [b.to_json() for b in self.buckets]:
             self.buckets = buckets
-            self.buffers = [torch.empty(b.numel, dtype=tensors[b.tensors[0][0]].dtype, device=self.device)
-                            for b in buckets]
+            self.buffers = [torch.empty(b.numel, dtype=DTYPES[b.dtype], device=self.device) for b in buckets]
             self.handles = [share(buffer) for buffer in self.buffers]
-        for bucket, buffer in zip(self.buckets, self.buffers):
-            pack_bucket(bucket, tensors, out=buffer)
+        pack_buckets(self.buckets, merged_tensors(model, device=self.device), self.buffers)
 
     def _send(self, snapshot=None) -> list[int]:
         if self.device.type == "cuda":
