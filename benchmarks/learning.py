@@ -227,7 +227,8 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     log = out / "vf-rl.log"
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "-s",
-                                    f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT)
+                                    f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT,
+                                   env={**os.environ, **side_caches(opts, out, "vf-rl")})
         launch_to_step1 = None
         while process.poll() is None:  # the launch-to-step-1 time, seen from outside
             if launch_to_step1 is None and metrics.exists() and '"reward"' in metrics.read_text():
@@ -594,6 +595,18 @@ def served_lora_rank(rank: int) -> int:
     return next(r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= rank)
 
 
+def side_caches(opts, out: Path, side: str) -> dict[str, str]:
+    """Environment variables that give one side's processes compile caches of their own under
+    ``out/caches/<side>`` (``--caches cold``, the default): vLLM's torch.compile cache, Triton's kernel cache,
+    inductor's. With shared caches a side started after another finds the kernels and graphs the
+    first one compiled for the same model, and its launch-to-step-1 time reads shorter than on the
+    fresh machine both are meant to start on. ``--caches shared``: nothing changes."""
+    if getattr(opts, "caches", "cold") != "cold":
+        return {}
+    names = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor"}
+    return {var: str((out / "caches" / side / name).resolve()) for var, name in names.items()}
+
+
 def start_trl_server(opts, out: Path, adapters: bool = False) -> subprocess.Popen:
     """``trl vllm-serve`` on the first visible GPU (TRL's own server, weight updates over NCCL) for
     ``--trl-vllm server``. ``adapters``: serve LoRA adapters loaded at run time, as TRL's async
@@ -605,7 +618,7 @@ def start_trl_server(opts, out: Path, adapters: bool = False) -> subprocess.Pope
             "--port", str(url.port), "--gpu_memory_utilization", "0.5", "--max_model_len", "2048"]
     if opts.enforce_eager:
         argv += ["--enforce_eager", "true"]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0]}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_gpus()[0], **side_caches(opts, out, "trl-vllm")}
     if adapters:  # passed through to `vllm serve`
         argv += ["--enable-lora", "--max-lora-rank", str(served_lora_rank(opts.lora_rank)),
                  "--max-loras", str(ASYNC_MAX_STALENESS + 2)]
@@ -628,7 +641,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     script = trl_out / "trl_side.py"
     script.write_text(TRL_SCRIPT)
     # a local model: no hub calls (TRL's telemetry); NCCL's rendezvous address without probing a public one (vLLM)
-    env = {**os.environ, "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
+    env = {**os.environ, "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"), **side_caches(opts, out, side)}
     if Path(opts.model).is_dir():
         env.setdefault("HF_HUB_OFFLINE", "1")
     server = None
@@ -847,6 +860,9 @@ def main(argv=None) -> int:
     p.add_argument("--shared", action="store_true", help="GPU: vLLM and the trainer on one GPU (vf-rl shared = true)")
     p.add_argument("--vllm-memory", type=float, default=0.3, help="GPU share for vLLM on a shared GPU (both sides)")
     p.add_argument("--enforce-eager", action="store_true", help="GPU: vLLM without CUDA graphs")
+    p.add_argument("--caches", choices=["cold", "shared"], default="cold",
+                   help="cold: each side compiles into caches of its own (vLLM, Triton, inductor), as on a fresh "
+                        "machine; shared: the caches of the environment (a later side may find an earlier one's)")
     p.add_argument("--trl-vllm", choices=["none", "server", "colocate"], default=None,
                    help="TRL's generation (default: none on the CPU, colocate on a GPU)")
     p.add_argument("--trl-server-url", default="http://127.0.0.1:8001", help="with --trl-vllm server")

@@ -204,6 +204,11 @@ def test_the_async_sides_server_serves_runtime_adapters(tmp_path, monkeypatch):
     monkeypatch.undo()  # subprocess.Popen itself again, for the check below
     (argv, env), (plain_argv, plain_env) = started
     assert env["CUDA_VISIBLE_DEVICES"] == "2" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    # compile caches of its own (--caches cold, the default): a side started after another starts cold too
+    assert env["VLLM_CACHE_ROOT"] == str((tmp_path / "caches" / "trl-vllm" / "vllm").resolve())
+    assert {env[v] for v in ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")} \
+        .isdisjoint(learning.side_caches(opts, tmp_path, "vf-rl").values())
+    assert learning.side_caches(SimpleNamespace(caches="shared"), tmp_path, "vf-rl") == {}
     assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain_env and "--enable-lora" not in plain_argv
     # TRL's parser in a process of its own: importing it imports vLLM, which sets VLLM_LOGGING_LEVEL in os.environ
     read = ("import json, sys\nfrom trl.scripts import vllm_serve\n"
