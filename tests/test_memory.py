@@ -107,7 +107,10 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     ``max_tokens`` (a multi-turn environment: the bound of ``max_seq_len`` tokens per sample): the
     trainer's estimate + CUDA_OVERHEAD_BYTES, plus vLLM's share of each of its GPUs. A run made
     with liger-kernel installed is estimated as its launch there was (fused layers with
-    ``torch_compile = false``), whether or not liger-kernel is installed here."""
+    ``torch_compile = false``), whether or not liger-kernel is installed here. With the lengths
+    known (single turn) the estimate is within 25% of the peak; a multi-turn run is estimated at its
+    bound (every sample ``max_seq_len`` tokens long, as the launch does), which may be far above
+    what the run held, but never more than 25% under it."""
     from transformers import AutoTokenizer
 
     from vf_rl.config.schema import load_config
@@ -130,7 +133,8 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
                                                      return_dict=True)["input_ids"])
                    for row in env.dataset.select(range(min(len(env.dataset), 500)))]
         prompt, completion = sum(prompts) / len(prompts), run["trainer"]["args"]["max_tokens"]
-        if isinstance(env, MultiTurnEnv) and env.max_turns > 1:
+        bound = isinstance(env, MultiTurnEnv) and env.max_turns > 1
+        if bound:
             # several turns and the environment's replies: only max_seq_len bounds a sample, as in the
             # pre-flight's bound_max_seq_len
             trainer = estimate_for_run(config, shape, liger_installed=liger)
@@ -138,10 +142,11 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
             trainer = estimate_for_run(config, shape, prompt + completion, completion, prompt, liger_installed=liger)
             assert trainer.tokens_per_pass < config.trainer.args["micro_batch_size"] * config.trainer.args["max_seq_len"]
         vllm = inference_bytes(config, gpu_bytes) * (1 if config.inference.shared else config.inference.gpus)
-        errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1
-    assert len(errors) >= 6
-    print({k: f"{v:+.1%}" for k, v in errors.items()})
-    assert all(abs(v) <= 0.25 for v in errors.values()), {k: f"{v:+.1%}" for k, v in errors.items()}
+        errors[name] = (trainer.total + CUDA_OVERHEAD_BYTES + vllm) / peak - 1, bound
+    assert len(errors) >= 6 and sum(not bound for _, bound in errors.values()) >= 6
+    report = {k: f"{v:+.1%}" + (" (bound)" if bound else "") for k, (v, bound) in errors.items()}
+    print(report)
+    assert all(-0.25 <= v <= (0.5 if bound else 0.25) for v, bound in errors.values()), report
 
 
 @pytest.mark.parametrize("micro, share, padding_free", [(128, True, True), (128, False, True), (8, True, True),

@@ -37,8 +37,9 @@ prompt once with ``share_prompts``; before any rollout the bound ``micro_batch_s
 max_seq_len`` stands in for it. Checked (``tests/test_memory.py``) against every peak the
 trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``: within 25% on each,
 most within 10%) and against the learning benchmarks' whole-GPU peaks with vLLM
-(``learning-*.json``: within 18% on each, for the environment's prompts and completions at
-``max_tokens``). Not modelled: mixture-of-experts layers (counted as dense), DeepSpeed ZeRO
+(``learning-*.json``: within 21% on each single-turn run, for the environment's prompts and
+completions at ``max_tokens``; -5% to +40% on the multi-turn runs, estimated at their bound of
+``max_seq_len`` tokens per sample). Not modelled: mixture-of-experts layers (counted as dense), DeepSpeed ZeRO
 stages below 3, the CUDA context and the allocator's cached blocks (``CUDA_OVERHEAD_BYTES`` is
 added when comparing with a GPU's memory).
 """
