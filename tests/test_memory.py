@@ -347,3 +347,33 @@ def test_preflight_memory_uses_the_measured_lengths(tmp_path, model_dir):
     assert report["line"].startswith("trainer memory per GPU (estimate): ")
     cpu = load_config(write_8b(tmp_path, model_dir))
     assert memory_report(cpu.model_copy(update={"trainer": cpu.trainer.model_copy(update={"gpus": 0})}), lengths) is None
+
+
+def test_each_steps_peak_gpu_memory_is_in_its_metrics(tmp_path, monkeypatch):
+    """A training step's log gets the GPU's peak allocated and reserved memory since the step before
+    (GPU-only: CUDA's counters are faked here), and the peaks are reset for the next step; an eval
+    log does not, and on the CPU nothing is added."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vf_rl.trainer.callbacks import RunCallback
+
+    args, state = SimpleNamespace(output_dir=str(tmp_path)), SimpleNamespace(is_world_process_zero=True, global_step=3,
+                                                                              max_steps=10)
+    callback = RunCallback()
+    callback.on_log(args, state, None, logs={"reward": 0.5, "loss": 0.1})  # the CPU
+    peaks = {"allocated": 3 * 2**30, "reserved": 4.5 * 2**30}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: peaks["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda *a: peaks["reserved"])
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: peaks.update(allocated=0, reserved=0))
+    logs = {"reward": 0.6, "loss": 0.2}
+    callback.on_log(args, state, None, logs=logs)
+    callback.on_log(args, state, None, logs={"eval/reward": 0.7})
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "memory/peak_gib" not in records[0] and "memory/peak_gib" not in records[2]
+    assert records[1]["memory/peak_gib"] == 3.0 and records[1]["memory/reserved_peak_gib"] == 4.5
+    assert logs["memory/peak_gib"] == 3.0  # wandb's callback reads the same logs
+    assert peaks == {"allocated": 0, "reserved": 0}

@@ -38,10 +38,27 @@ def evaluating(args) -> bool:
     return getattr(args.eval_strategy, "value", args.eval_strategy) != "no"
 
 
+def peak_memory() -> dict[str, float]:
+    """``memory/peak_gib`` (the most bytes PyTorch held in tensors) and ``memory/reserved_peak_gib``
+    (its caching allocator's most, what nvidia-smi counts for this process, less the CUDA context)
+    on this process's GPU since the last call, in GiB, then the peaks reset; ``{}`` without CUDA.
+    Beside the launch's estimate (``vf_rl.memory``) they show what a step really took, the weight
+    push of the step before it included."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    peaks = {"memory/peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+             "memory/reserved_peak_gib": torch.cuda.max_memory_reserved() / 2**30}
+    torch.cuda.reset_peak_memory_stats()
+    return peaks
+
+
 class RunCallback(Float32Rotary):
     """Before the first step, RoPE buffers back in float32 (:class:`model.Float32Rotary`). Always
     save (and, when evaluation is on, evaluate) the final step; empty the device cache every
-    ``torch_empty_cache_steps``; write ``metrics.jsonl``, the console line and the plot."""
+    ``torch_empty_cache_steps``; write ``metrics.jsonl`` (with a GPU, each step's peak memory:
+    :func:`peak_memory`), the console line and the plot."""
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
@@ -57,6 +74,8 @@ class RunCallback(Float32Rotary):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
+        if "reward" in logs:
+            logs.update(peak_memory())
         record = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
         append_jsonl(Path(args.output_dir) / "metrics.jsonl", record)
         if "reward" in logs:
