@@ -83,6 +83,12 @@ def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes
     return done + [b for b in open_buckets.values() if b.numel]
 
 
+def empty_buffers(buckets: list[Bucket], device: torch.device) -> list[torch.Tensor]:
+    """One uninitialized flat buffer per bucket on ``device`` (1-D, ``bucket.numel`` elements of
+    its dtype), for :func:`pack_buckets`."""
+    return [torch.empty(b.numel, dtype=DTYPES[b.dtype], device=device) for b in buckets]
+
+
 def pack_buckets(buckets: list[Bucket], named_tensors: Iterable[tuple[str, torch.Tensor]],
                  out: list[torch.Tensor]) -> list[torch.Tensor]:
     """Copy each tensor of ``named_tensors`` into its place in the flat buffers ``out`` (one per

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from vf_rl.inference.buckets import DTYPES, pack_buckets, plan_buckets
+from vf_rl.inference.buckets import empty_buffers, pack_buckets, plan_buckets
 from vf_rl.inference.client import InferenceClient
 
 from .weights import export_weights, merged_tensors
@@ -197,8 +197,8 @@ class BroadcastSync(_Transport):
 
     def _snapshot(self, model: torch.nn.Module) -> tuple[list, list[torch.Tensor]]:
         buckets = plan_buckets(merged_tensors(model, merge=False), self.bucket_bytes)
-        buffers = [torch.empty(b.numel, dtype=DTYPES[b.dtype], device=self.device) for b in buckets]
-        return buckets, pack_buckets(buckets, merged_tensors(model, device=self.device), buffers)
+        return buckets, pack_buckets(buckets, merged_tensors(model, device=self.device),
+                                     empty_buffers(buckets, self.device))
 
     def _send(self, snapshot) -> list[int]:
         """All the servers (a broadcast needs every member of the group)."""
@@ -248,7 +248,7 @@ class IpcSync(_Transport):
         buckets = plan_buckets(merged_tensors(model, merge=False), self.bucket_bytes)
         if [b.to_json() for b in buckets] != [b.to_json() for b in self.buckets]:
             self.buckets = buckets
-            self.buffers = [torch.empty(b.numel, dtype=DTYPES[b.dtype], device=self.device) for b in buckets]
+            self.buffers = empty_buffers(buckets, self.device)
             self.handles = [share(buffer) for buffer in self.buffers]
         pack_buckets(self.buckets, merged_tensors(model, device=self.device), self.buffers)
 
