@@ -20,6 +20,9 @@ under three conditions:
     python benchmarks/generation.py --serve --model /tmp/smol --vllm-args "--gpu-memory-utilization 0.3" \\
         --json results/generation-h100.json                                      # GPU, 16 x 8, 128 tokens
 
+``--servers N`` starts N servers on the same device(s) and spreads each batch's groups over them
+(several vLLM engines on one GPU: each engine's per-step host work covers a part of the batch).
+
 Prints per path and condition the median (min-max) seconds per batch after ``--warmup`` rounds and the
 completion tokens per second; ``--json`` writes them with the settings. The rows are
 reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``).
@@ -28,6 +31,7 @@ reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -99,12 +103,23 @@ def measure(orchestrator, rows: list[dict], rollouts: int, rounds: int, warmup: 
             "tokens_per_batch": statistics.fmean(tokens)}
 
 
+def _stop(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        process.wait(timeout=60)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="the served model (name or path)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000/v1", help="a running vf-vllm (without --serve)")
     p.add_argument("--serve", action="store_true", help="start a vf-vllm for --model and stop it afterwards")
     p.add_argument("--vllm-args", default="", help="more vf-vllm flags with --serve")
+    p.add_argument("--servers", type=int, default=1,
+                   help="with --serve: this many vf-vllm servers on the same device(s), each with --vllm-args "
+                        "(give each its share, e.g. --gpu-memory-utilization 0.15 for two); the groups of a batch "
+                        "are spread over them as vf-train spreads them over vllm_server_urls")
     p.add_argument("--env", default="reverse-text")
     p.add_argument("--env-args", default='{"few_shot": 2, "source": "offline"}')
     p.add_argument("--prompts", type=int, default=16)
@@ -132,10 +147,19 @@ def main(argv=None) -> int:
     args = RLConfig(output_dir=tempfile.mkdtemp(prefix="vf-rl-generation-"), use_cpu=not has_gpu, report_to="none",
                     batch_size=opts.prompts * opts.rollouts, rollouts_per_example=opts.rollouts,
                     micro_batch_size=opts.rollouts, max_tokens=opts.max_tokens, max_seq_len=opts.max_tokens + 512)
-    process, base_url = None, opts.base_url
-    if opts.serve:
-        log = Path(args.output_dir) / "vf-vllm.log"
-        process, base_url = start_server(opts.model, shlex.split(opts.vllm_args), log)
+    processes, base_url = [], opts.base_url
+    if opts.serve:  # the servers start at once (each waits for its own /health)
+        logs = [Path(args.output_dir) / f"vf-vllm-{i}.log" for i in range(opts.servers)]
+        with concurrent.futures.ThreadPoolExecutor(opts.servers) as pool:
+            started = [pool.submit(start_server, opts.model, shlex.split(opts.vllm_args), log) for log in logs]
+            for future in started:
+                with contextlib.suppress(Exception):
+                    processes.append(future.result()[0])
+        if len(processes) < opts.servers:
+            _stop(processes)
+            raise SystemExit(f"generation: a vf-vllm server did not start; see {args.output_dir}")
+        base_url = [future.result()[1] for future in started]
+        base_url = base_url[0] if len(base_url) == 1 else base_url
     results = {}
     options = dict(base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
                    rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len)
@@ -162,9 +186,7 @@ def main(argv=None) -> int:
             finally:
                 orchestrator.close()
     finally:
-        if process is not None:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=60)
+        _stop(processes)
     if opts.json:
         opts.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in vars(opts).items()},
