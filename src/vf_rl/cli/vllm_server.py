@@ -183,14 +183,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vf-vllm: error: --host {host} makes the weight-update routes reachable from other machines; set "
               "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
         return 2
-    _vllm_version_fallback()
-    quiet_vllm_warnings()
-    bound_graceful_shutdown()
-    serve = serve_argv(argv, cpu)
-    sys.argv = ["vllm", "serve", *serve]
-    print("vf-vllm:", " ".join(sys.argv), flush=True)
-    from vllm.entrypoints.cli.main import main as vllm_main
+    from vf_rl.inference import model_info
 
+    model = _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
+    inspection = model_info.start(model) if model else None  # beside the imports below
+    try:
+        _vllm_version_fallback()
+        quiet_vllm_warnings()
+        bound_graceful_shutdown()
+        serve = serve_argv(argv, cpu)
+        sys.argv = ["vllm", "serve", *serve]
+        print("vf-vllm:", " ".join(sys.argv), flush=True)
+        from vllm.entrypoints.cli.main import main as vllm_main
+    except BaseException:  # a refused flag: no inspection left running
+        model_info.finish(inspection, timeout=0)
+        raise
+    model_info.finish(inspection)
     vllm_main()
     return 0
 
