@@ -31,7 +31,6 @@ reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -117,9 +116,9 @@ def main(argv=None) -> int:
     p.add_argument("--serve", action="store_true", help="start a vf-vllm for --model and stop it afterwards")
     p.add_argument("--vllm-args", default="", help="more vf-vllm flags with --serve")
     p.add_argument("--servers", type=int, default=1,
-                   help="with --serve: this many vf-vllm servers on the same device(s), each with --vllm-args "
-                        "(give each its share, e.g. --gpu-memory-utilization 0.15 for two); the groups of a batch "
-                        "are spread over them as vf-train spreads them over vllm_server_urls")
+                   help="with --serve: this many vf-vllm servers on the same device(s), started one after another, each "
+                        "with --vllm-args (give each its share, e.g. --gpu-memory-utilization 0.15 for two); the "
+                        "groups of a batch are spread over them as vf-train spreads them over vllm_server_urls")
     p.add_argument("--env", default="reverse-text")
     p.add_argument("--env-args", default='{"few_shot": 2, "source": "offline"}')
     p.add_argument("--prompts", type=int, default=16)
@@ -148,18 +147,18 @@ def main(argv=None) -> int:
                     batch_size=opts.prompts * opts.rollouts, rollouts_per_example=opts.rollouts,
                     micro_batch_size=opts.rollouts, max_tokens=opts.max_tokens, max_seq_len=opts.max_tokens + 512)
     processes, base_url = [], opts.base_url
-    if opts.serve:  # the servers start at once (each waits for its own /health)
-        logs = [Path(args.output_dir) / f"vf-vllm-{i}.log" for i in range(opts.servers)]
-        with concurrent.futures.ThreadPoolExecutor(opts.servers) as pool:
-            started = [pool.submit(start_server, opts.model, shlex.split(opts.vllm_args), log) for log in logs]
-            for future in started:
-                with contextlib.suppress(Exception):
-                    processes.append(future.result()[0])
-        if len(processes) < opts.servers:
-            _stop(processes)
-            raise SystemExit(f"generation: a vf-vllm server did not start; see {args.output_dir}")
-        base_url = [future.result()[1] for future in started]
-        base_url = base_url[0] if len(base_url) == 1 else base_url
+    if opts.serve:  # one after another: a vLLM profiles the GPU's free memory while it starts
+        urls = []
+        for i in range(opts.servers):
+            try:
+                process, url = start_server(opts.model, shlex.split(opts.vllm_args),
+                                            Path(args.output_dir) / f"vf-vllm-{i}.log")
+            except RuntimeError as exc:
+                _stop(processes)
+                raise SystemExit(f"generation: {exc}") from None
+            processes.append(process)
+            urls.append(url)
+        base_url = urls[0] if len(urls) == 1 else urls
     results = {}
     options = dict(base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
                    rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len)
