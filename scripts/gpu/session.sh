@@ -19,7 +19,7 @@
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   apiserver: generation.py's group-process path, idle, with vLLM's --api-server-count 1, 2 and 4 (COUNTS), on
 #            reverse-text and on alphabet-sort (two turns: the second is one chat completion per rollout)
-#   engines: the same probe with 1, 2 and 3 vf-vllm servers on one GPU (ENGINES; each 0.3/N of it, API processes)
+#   engines: the same probe with 1 and 2 vf-vllm servers on one GPU (ENGINES; each 0.3/N of it, API processes)
 #   big    : issue 29, an 8B-shaped LoRA run end to end on one shared GPU (vLLM and the trainer; vLLM's share derived
 #            by vf-rl), random weights (scripts/gpu/make_random_model.py: every rollout runs to MAXTOK, default 8192,
 #            sampled tokens), 2 prompts x 4 rollouts, STEPS (default 3), MODEL_CONFIG (default llama-3.1-8b); background
@@ -169,10 +169,10 @@ apiserver)
       --vllm-args "--gpu-memory-utilization 0.3 --api-server-count $n" --json $OUT/api-as-$n.json
   done
   ;;
-engines)  # issue 26: the request-path probe with several vf-vllm servers on one GPU (ENGINES, default "1 2 3": each
+engines)  # issue 26: the request-path probe with several vf-vllm servers on one GPU (ENGINES, default "1 2": each
   # with 0.3/N of the GPU and API API-server processes, default 2), reverse-text and alphabet-sort
   AS='{"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1, "max_names_per_turn": 2, "few_shot": 1}'
-  for n in ${ENGINES:-1 2 3}; do
+  for n in ${ENGINES:-1 2}; do
     mem=$(python3 -c "print(round(0.3 / $n, 3))")
     run rt-eng$n 300 python3 benchmarks/generation.py --serve --servers $n --model /tmp/smol --paths group-process \
       --modes idle --rounds ${ROUNDS:-3} --vllm-args "--gpu-memory-utilization $mem --api-server-count ${API:-2}" \
