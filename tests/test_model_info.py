@@ -84,3 +84,21 @@ def test_a_refused_flag_leaves_no_inspection_running(model_dir, tmp_path):
                             timeout=300)
     assert result.returncode != 0 and "--worker-extension-cls is set by vf-vllm itself" in result.stderr
     assert _inspections(tmp_path) == []
+
+
+# vf-vllm's main with vLLM's CLI replaced by a probe: was the cache filled before the CLI ran?
+CLI_SEES_CACHE = """
+import sys
+import vllm.entrypoints.cli.main as cli
+from vf_rl.cli import vllm_server
+from vf_rl.inference import model_info
+cli.main = lambda: print("cached before vLLM's CLI:", model_info.cached(["LlamaForCausalLM"]))
+vllm_server.main(sys.argv[1:])
+"""
+
+
+def test_vf_vllm_fills_the_cache_before_vllms_cli_runs(model_dir, tmp_path):
+    result = subprocess.run([sys.executable, "-c", CLI_SEES_CACHE, "--model", str(model_dir), "--port", "1"],
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cached before vLLM's CLI: True" in result.stdout
