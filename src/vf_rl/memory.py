@@ -47,6 +47,7 @@ added when comparing with a GPU's memory).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,13 @@ GPU_80GB_BYTES = 85_520_809_984
 """An 80 GB H100's ``torch.cuda.get_device_properties().total_memory`` (79.6 GiB)."""
 CUDA_OVERHEAD_BYTES = int(1.5 * GIB)
 """Held outside the trainer's tensors on its GPU: the CUDA context, kernels and allocator slack."""
+LOGPROB_CHUNK_BYTES = 256 * 2**20
+"""Float32 logits per chunk of ``trainer.logprobs.chunked_logprobs`` (rows = this / (4 * vocab))."""
+LOGPROB_KEEP_BYTES = 2**30
+"""``chunked_logprobs`` keeps the ``[M, V]`` logits (in the weight's dtype) for the backward pass
+instead of recomputing them when they take at most this many bytes (what a padded forward holds
+anyway); larger ones are recomputed chunk by chunk. Both live here, where the launch's estimate
+reads them without importing torch."""
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -153,8 +161,6 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
         sync_buffers: the weight-sync transport packs the merged weights on the GPU (``ipc``, ``nccl``).
     """
-    from vf_rl.trainer.logprobs import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
-
     h, kv, inter, layers, vocab = shape.hidden, shape.kv_width, shape.intermediate, shape.layers, shape.vocab
     shards = max(zero3_processes, 1)
     if lora:
@@ -337,8 +343,10 @@ def shared_memory_utilization(shape: ModelShape, a: dict, gpu_bytes: int = GPU_8
     return min(max(math.ceil(100 * need / gpu_bytes) / 100, floor), 0.9)
 
 
+@functools.lru_cache(maxsize=None)
 def gpu_total_bytes(index: str) -> int | None:
-    """Memory of GPU ``index`` (as ``nvidia-smi`` numbers it), or ``None`` without ``nvidia-smi``."""
+    """Memory of GPU ``index`` (as ``nvidia-smi`` numbers it), or ``None`` without ``nvidia-smi``.
+    Asked once per process (a launch reads it for the shared split and again for its estimate)."""
     import subprocess
 
     try:

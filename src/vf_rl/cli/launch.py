@@ -198,6 +198,7 @@ def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path,
 def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool, resume: bool = False) -> int:
     """Open the tmux session and return 0 (or the trainer's status with ``wait``)."""
     import libtmux
+    import psutil
 
     visible = visible_gpus()
     memory = memory_line(config, visible, config_path, refuse=trainer_values(config)["preflight"] == "strict")
@@ -242,7 +243,8 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     top.send_keys(supervised_shell(inference.line(), logs / "inference.log", logs / "inference.exit",
                                    logs / "inference.restarts", exit_file))
     bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=after))
-    print(f"vf-rl: tmux session '{session_name}' started (logs in {logs})")
+    checks_s = time.time() - psutil.Process().create_time()  # what the config's checks add to a run's start
+    print(f"vf-rl: tmux session '{session_name}' started {checks_s:.1f} s after vf-rl did (logs in {logs})")
     interactive = sys.stdout.isatty() and not os.environ.get("TMUX")
     if not wait:
         if interactive:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+import time
 
 EXTENSION = "vf_rl.inference.worker_extension.WeightSyncExtension"
 MIDDLEWARE = "vf_rl.inference.routes.weight_sync_routes"
@@ -159,7 +160,22 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             print(f"vf-vllm: error: {exc}", file=sys.stderr)
             return 2
+    from vf_rl.inference import model_info
+
+    model = _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
+    inspection = model_info.start(model) if model else None  # beside the imports below, torch's included
+    try:
+        return _serve(argv, inspection)
+    finally:  # a refused flag or a failed start: no inspection left running
+        model_info.finish(inspection, timeout=0)
+
+
+def _serve(argv: list[str], inspection) -> int:
+    import psutil
     import torch
+
+    from vf_rl.inference import model_info
+    from vf_rl.inference.api_servers import overlap_engine_start
 
     cpu = not torch.cuda.is_available()
     if cpu:
@@ -183,22 +199,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vf-vllm: error: --host {host} makes the weight-update routes reachable from other machines; set "
               "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
         return 2
-    from vf_rl.inference import model_info
+    _vllm_version_fallback()
+    quiet_vllm_warnings()
+    bound_graceful_shutdown()
+    serve = serve_argv(argv, cpu)
+    sys.argv = ["vllm", "serve", *serve]
+    print("vf-vllm:", " ".join(sys.argv), flush=True)
+    from vllm.entrypoints.cli.main import main as vllm_main
 
-    model = _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
-    inspection = model_info.start(model) if model else None  # beside the imports below
-    try:
-        _vllm_version_fallback()
-        quiet_vllm_warnings()
-        bound_graceful_shutdown()
-        serve = serve_argv(argv, cpu)
-        sys.argv = ["vllm", "serve", *serve]
-        print("vf-vllm:", " ".join(sys.argv), flush=True)
-        from vllm.entrypoints.cli.main import main as vllm_main
-    except BaseException:  # a refused flag: no inspection left running
-        model_info.finish(inspection, timeout=0)
-        raise
+    overlap_engine_start()
     model_info.finish(inspection)
+    print(f"vf-vllm: vLLM starts {time.time() - psutil.Process().create_time():.1f} s after vf-vllm did", flush=True)
     vllm_main()
     return 0
 

@@ -17,15 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from vf_rl.memory import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
+
 if TYPE_CHECKING:
     from .packing import MicroBatch
-
-LOGPROB_CHUNK_BYTES = 256 * 2**20
-"""Float32 logits per chunk of :func:`chunked_logprobs` (rows = this / (4 * vocab))."""
-LOGPROB_KEEP_BYTES = 2**30
-""":func:`chunked_logprobs` keeps the ``[M, V]`` logits (in the weight's dtype) for the backward
-pass instead of recomputing them when they take at most this many bytes (what a padded forward
-holds anyway); larger ones are recomputed chunk by chunk."""
 
 
 try:  # fused per-row log-softmax kernels on CUDA (TRITON_INTERPRET=1 runs them on the CPU in tests)
