@@ -23,9 +23,11 @@ under three conditions:
 ``--servers N`` starts N servers on the same device(s) and spreads each batch's groups over them
 (several vLLM engines on one GPU: each engine's per-step host work covers a part of the batch).
 
-Prints per path and condition the median (min-max) seconds per batch after ``--warmup`` rounds and the
-completion tokens per second; ``--json`` writes them with the settings. The rows are
-reverse-text's (``few_shot = 2``, offline) by default (``--env``, ``--env-args``).
+Prints per path and condition the median (min-max) seconds per batch after ``--warmup`` rounds, the
+completion tokens per second, the milliseconds per token of each batch's longest rollout (a batch
+lasts at least that rollout's decode steps) and, on a GPU, the share of the time it ran a kernel;
+``--json`` writes them with the settings. The rows are reverse-text's (``few_shot = 2``, offline)
+by default (``--env``, ``--env-args``).
 """
 
 from __future__ import annotations
@@ -84,22 +86,52 @@ class GpuLoad:
         self.process.wait()
 
 
+class GpuBusy:
+    """The GPU's busy share while the block runs: nvidia-smi's ``utilization.gpu`` (the share of
+    each sample period in which a kernel ran) every 100 ms on the first visible GPU, averaged;
+    ``share`` stays ``None`` without nvidia-smi (the CPU)."""
+
+    def __enter__(self):
+        self.share, self.process = None, None
+        if shutil.which("nvidia-smi"):
+            gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+            self.process = subprocess.Popen(["nvidia-smi", "-i", gpu, "--query-gpu=utilization.gpu",
+                                             "--format=csv,noheader,nounits", "-lms", "100"],
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.process is not None:
+            self.process.terminate()
+            out, _ = self.process.communicate()
+            samples = [float(line) for line in out.split() if line.replace(".", "", 1).isdigit()]
+            self.share = statistics.fmean(samples) / 100 if samples else None
+
+
 def measure(orchestrator, rows: list[dict], rollouts: int, rounds: int, warmup: int) -> dict:
-    """Seconds per batch and completion tokens per second of ``rounds`` batches after ``warmup``."""
-    seconds, tokens = [], []
-    for i in range(warmup + rounds):
-        start = time.perf_counter()
-        batch = orchestrator.run(rows, rollouts)
-        elapsed = time.perf_counter() - start
-        errors = [r.error for r in batch if r.error]
-        if errors:
-            raise RuntimeError(f"{len(errors)} rollouts failed; first: {errors[0]}")
-        if i >= warmup:
-            seconds.append(elapsed)
-            tokens.append(sum(len(t.completion_ids) for r in batch for t in r.turns))
+    """Seconds per batch and completion tokens per second of ``rounds`` batches after ``warmup``;
+    ``ms_per_longest_token``: a batch's seconds over its longest rollout's completion tokens (all its
+    turns), the decode steps the batch cannot finish sooner than; ``gpu_busy``: :class:`GpuBusy`
+    over the timed rounds."""
+    seconds, tokens, longest = [], [], []
+    for _ in range(warmup):
+        orchestrator.run(rows, rollouts)
+    with GpuBusy() as busy:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            batch = orchestrator.run(rows, rollouts)
+            seconds.append(time.perf_counter() - start)
+            errors = [r.error for r in batch if r.error]
+            if errors:
+                raise RuntimeError(f"{len(errors)} rollouts failed; first: {errors[0]}")
+            lengths = [sum(len(t.completion_ids) for t in r.turns) for r in batch]
+            tokens.append(sum(lengths))
+            longest.append(max(lengths))
     return {"s_per_batch": seconds, "median_s": statistics.median(seconds),
             "tokens_per_s": statistics.fmean(t / s for t, s in zip(tokens, seconds)),
-            "tokens_per_batch": statistics.fmean(tokens)}
+            "tokens_per_batch": statistics.fmean(tokens),
+            "ms_per_longest_token": statistics.median(1000 * s / n for s, n in zip(seconds, longest)),
+            "gpu_busy": busy.share}
 
 
 def _stop(processes: list[subprocess.Popen]) -> None:
@@ -179,9 +211,11 @@ def main(argv=None) -> int:
                     with context() if context is not None else contextlib.nullcontext():
                         r = results.setdefault(path, {})[mode] = measure(orchestrator, rows, opts.rollouts,
                                                                           opts.rounds, opts.warmup)
+                    busy = "" if r["gpu_busy"] is None else f", GPU busy {r['gpu_busy']:.0%}"
                     print(f"{path:13s} {mode:12s} {r['median_s']:.2f} s per batch ({min(r['s_per_batch']):.2f}-"
                           f"{max(r['s_per_batch']):.2f}), {r['tokens_per_s']:.0f} tokens/s, "
-                          f"{r['tokens_per_batch']:.0f} tokens per batch", flush=True)
+                          f"{r['tokens_per_batch']:.0f} tokens per batch, {r['ms_per_longest_token']:.1f} ms per "
+                          f"token of the longest rollout{busy}", flush=True)
             finally:
                 orchestrator.close()
     finally:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -332,6 +333,8 @@ def test_generation_probe_against_the_server(server, tmp_path):
     for path, modes in results.items():
         idle = modes["idle"]
         assert len(idle["s_per_batch"]) == 1 and idle["tokens_per_batch"] > 0 and f"{path} " in result.stdout
+        # the longest rollout has at most max_tokens (8) completion tokens: at least 1/8 of the batch's ms per token
+        assert idle["ms_per_longest_token"] >= 1000 * idle["s_per_batch"][0] / 8 and idle["gpu_busy"] is None
 
 
 def test_vf_and_env_args_are_toml_values():
@@ -390,3 +393,25 @@ def test_scaling_table_reads_each_layouts_run(tmp_path):
                          (write("run.metrics.jsonl", [1.0] * 6, 10, 0.0), "does not say the layout")):
         out = subprocess.run([*script, bad], capture_output=True, text=True)
         assert out.returncode == 2 and message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_generation_probe_reads_the_gpus_busy_share_from_nvidia_smi(tmp_path, monkeypatch):
+    """GpuBusy averages nvidia-smi's utilization samples of the first visible GPU (a stand-in
+    nvidia-smi here: no GPU) and reads None without one."""
+    spec = importlib.util.spec_from_file_location("generation", REPO / "benchmarks" / "generation.py")
+    generation = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generation)
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(f'#!/bin/sh\necho 40\necho 90\necho "$@" > {tmp_path}/args\nexec sleep 600\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    with generation.GpuBusy() as busy:
+        while not (tmp_path / "args").exists():  # both samples written
+            time.sleep(0.05)
+    assert busy.share == pytest.approx(0.65)
+    assert (tmp_path / "args").read_text().split()[:2] == ["-i", "3"]
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with generation.GpuBusy() as busy:
+        pass
+    assert busy.share is None

@@ -19,7 +19,8 @@
 #   generation: benchmarks/generation.py, the rollout request path alone (idle, a busy thread, the GPU loaded)
 #   apiserver: generation.py's group-process path, idle, with vLLM's --api-server-count 1, 2 and 4 (COUNTS), on
 #            reverse-text and on alphabet-sort (two turns: the second is one chat completion per rollout)
-#   engines: the same probe with 1 and 2 vf-vllm servers on one GPU (ENGINES; each 0.3/N of it, API processes)
+#   engines: the same probe with 1 and 2 vf-vllm servers on one GPU (ENGINES; each 0.3/N of it, API processes;
+#            ROUNDS), with the GPU's busy share and the ms per token of each batch's longest rollout
 #   big    : issue 29, an 8B-shaped LoRA run end to end on one shared GPU (vLLM and the trainer; vLLM's share derived
 #            by vf-rl), random weights (scripts/gpu/make_random_model.py: every rollout runs to MAXTOK, default 8192,
 #            sampled tokens), 2 prompts x 4 rollouts, STEPS (default 3), MODEL_CONFIG (default llama-3.1-8b); background
