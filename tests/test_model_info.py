@@ -93,12 +93,39 @@ import vllm.entrypoints.cli.main as cli
 from vf_rl.cli import vllm_server
 from vf_rl.inference import model_info
 cli.main = lambda: print("cached before vLLM's CLI:", model_info.cached(["LlamaForCausalLM"]))
-vllm_server.main(sys.argv[1:])
+sys.exit(vllm_server.main(sys.argv[1:]))
 """
 
 
 def test_vf_vllm_fills_the_cache_before_vllms_cli_runs(model_dir, tmp_path):
     result = subprocess.run([sys.executable, "-c", CLI_SEES_CACHE, "--model", str(model_dir), "--port", "1"],
+                            env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "cached before vLLM's CLI: True" in result.stdout
+
+
+def test_vf_vllm_reads_the_served_model_before_the_config_is_resolved(model_dir, tmp_path, monkeypatch):
+    """``@ config.toml``: the model comes from the file as it is (the inspection starts before the
+    config's checks); a flag or positional model otherwise; an unreadable file gives none."""
+    from vf_rl.cli.vllm_server import served_model
+
+    config = tmp_path / "c.toml"
+    config.write_text(f'model = "{model_dir}"\n[env]\nid = "reverse-text"\n')
+    assert served_model(["@", str(config)]) == str(model_dir)
+    assert served_model([f"@{config}", "--port", "1"]) == str(model_dir)
+    assert served_model(["@", str(tmp_path / "missing.toml")]) is None
+    (tmp_path / "bad.toml").write_text("model = [")
+    assert served_model(["@", str(tmp_path / "bad.toml")]) is None
+    assert served_model(["--port", "1", "--model", "m"]) == "m" and served_model(["m", "--port", "1"]) == "m"
+    monkeypatch.setenv("HOME", str(model_dir.parent))
+    assert model_info.architectures(f"~/{model_dir.name}") == ["LlamaForCausalLM"]
+
+
+def test_vf_vllm_at_a_config_fills_the_cache_before_vllms_cli_runs(model_dir, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text(f'model = "{model_dir}"\n[env]\nid = "reverse-text"\n[inference]\ngpus = 0\n'
+                      '[trainer]\ngpus = 0\n[trainer.args]\nmax_tokens = 64\nmax_seq_len = 512\n')
+    result = subprocess.run([sys.executable, "-c", CLI_SEES_CACHE, "@", str(config)],
                             env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "cached before vLLM's CLI: True" in result.stdout

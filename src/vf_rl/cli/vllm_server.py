@@ -150,21 +150,36 @@ def bound_graceful_shutdown(seconds: float = GRACEFUL_SHUTDOWN_S) -> None:
     uvicorn.Config.__init__ = bounded
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def served_model(argv: list[str]) -> str | None:
+    """The model ``argv`` serves, read cheaply: ``model`` of the TOML file of ``@ config.toml``
+    (the file as it is, before it is resolved and checked), else ``--model`` or the positional
+    model; ``None`` when none is readable."""
     if argv and argv[0].startswith("@"):
-        from vf_rl.config.schema import ConfigError
+        from vf_rl.config.schema import ConfigError, parse_at_args, read_toml
 
         try:
-            argv = config_argv(argv)
-        except ConfigError as exc:
-            print(f"vf-vllm: error: {exc}", file=sys.stderr)
-            return 2
+            model = read_toml(parse_at_args(argv, "vf-vllm")[0]).get("model")
+        except ConfigError:  # config_argv reports it
+            return None
+        return model if isinstance(model, str) else None
+    return _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     from vf_rl.inference import model_info
 
-    model = _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
-    inspection = model_info.start(model) if model else None  # beside the imports below, torch's included
+    model = served_model(argv)
+    inspection = model_info.start(model) if model else None  # beside everything below, torch's import included
     try:
+        if argv and argv[0].startswith("@"):
+            from vf_rl.config.schema import ConfigError
+
+            try:
+                argv = config_argv(argv)
+            except ConfigError as exc:
+                print(f"vf-vllm: error: {exc}", file=sys.stderr)
+                return 2
         return _serve(argv, inspection)
     finally:  # a refused flag or a failed start: no inspection left running
         model_info.finish(inspection, timeout=0)

@@ -30,7 +30,7 @@ WAIT_S = 120.0
 def architectures(model: str) -> list[str]:
     """The ``architectures`` of ``model``'s ``config.json``: a local directory, or a hub id whose
     config is in the local hub cache (nothing is downloaded); ``[]`` when neither is readable."""
-    config = Path(model) / "config.json"
+    config = Path(model).expanduser() / "config.json"
     if not config.is_file():
         try:
             from huggingface_hub import try_to_load_from_cache
