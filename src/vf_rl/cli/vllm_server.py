@@ -186,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(argv: list[str], inspection) -> int:
+    """The server's checks, then vLLM's CLI once ``inspection`` (``model_info.start``'s process
+    or ``None``) has filled vLLM's model-info cache."""
     import psutil
     import torch
 
