@@ -330,8 +330,8 @@ poll)  # waits for the background runs (POLL_S seconds at most), then packs what
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $P/ 2>/dev/null
   [ -d /tmp/e2e/out ] && cp -r /tmp/e2e/out $P/out  # a plan's lanes' $OUT
   # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
-  for d in /tmp/e2e/*/; do [ "$d" = /tmp/e2e/out/ ] && continue; { grep -ah "vf-vllm ready\|torch_compile\|took\|Capturing\|compil" \
-      $d/vf-rl/logs/trainer.log $d/vf-rl/logs/inference.log | cut -c1-300 | head -n 40; \
+  for d in /tmp/e2e/*/; do [ "$d" = /tmp/e2e/out/ ] && continue; { grep -ah "vf-vllm ready\|after vf-rl did\|vLLM starts\|torch_compile\|took\|Capturing\|compil" \
+      $d/vf-rl.log $d/vf-rl/logs/trainer.log $d/vf-rl/logs/inference.log | cut -c1-300 | head -n 40; \
       tail -n 30 $d/vf-rl/logs/trainer.log; } > $P/$(basename $d).trainer-tail.txt 2>/dev/null; \
     tail -n 40 $d/trl*/trl.log > $P/$(basename $d).trl-tail.txt 2>/dev/null; \
     cp $d/vf-rl/metrics.jsonl $P/$(basename $d).vf-rl-metrics.jsonl 2>/dev/null; \
