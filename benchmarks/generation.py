@@ -113,20 +113,24 @@ def measure(orchestrator, rows: list[dict], rollouts: int, rounds: int, warmup: 
     ``ms_per_longest_token``: a batch's seconds over its longest rollout's completion tokens (all its
     turns), the decode steps the batch cannot finish sooner than; ``gpu_busy``: :class:`GpuBusy`
     over the timed rounds."""
+    def batch():
+        rollouts_done = orchestrator.run(rows, rollouts)
+        errors = [r.error for r in rollouts_done if r.error]
+        if errors:
+            raise RuntimeError(f"{len(errors)} rollouts failed; first: {errors[0]}")
+        return rollouts_done
+
     seconds, tokens, longest = [], [], []
     for _ in range(warmup):
-        orchestrator.run(rows, rollouts)
+        batch()
     with GpuBusy() as busy:
         for _ in range(rounds):
             start = time.perf_counter()
-            batch = orchestrator.run(rows, rollouts)
+            done = batch()
             seconds.append(time.perf_counter() - start)
-            errors = [r.error for r in batch if r.error]
-            if errors:
-                raise RuntimeError(f"{len(errors)} rollouts failed; first: {errors[0]}")
-            lengths = [sum(len(t.completion_ids) for t in r.turns) for r in batch]
+            lengths = [sum(len(t.completion_ids) for t in r.turns) for r in done]
             tokens.append(sum(lengths))
-            longest.append(max(lengths))
+            longest.append(max(max(lengths), 1))
     return {"s_per_batch": seconds, "median_s": statistics.median(seconds),
             "tokens_per_s": statistics.fmean(t / s for t, s in zip(tokens, seconds)),
             "tokens_per_batch": statistics.fmean(tokens),
