@@ -171,6 +171,18 @@ def test_the_pass_is_the_one_the_packer_makes(micro, share, padding_free):
         assert tokens == (16 * 100 if share else 128 * 100) + 128 * 128 and trained == 128 * 128
 
 
+def test_an_unset_max_tokens_bounds_the_trained_tokens_by_the_sample():
+    """``max_tokens`` unset (the environment's limit): without measured lengths every sample is the
+    ``max_seq_len`` bound and may train all of it; a measured sample bounds it too."""
+    from vf_rl.memory import pass_tokens
+
+    a = {"micro_batch_size": 8, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": None,
+         "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True}
+    assert pass_tokens(a) == (8 * 512, 8 * 512)
+    assert pass_tokens({**a, "max_tokens": 128}) == (8 * 512, 8 * 128)
+    assert pass_tokens(a, 1, 228.0)[1] == pass_tokens(a, 1, 228.0)[0]  # trains the whole measured sample
+
+
 def test_parts_follow_the_formula():
     shape = ModelShape.from_config(LLAMA_8B)
     assert shape.params == 8_030_261_248  # Llama-3.1-8B

@@ -222,10 +222,11 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     process's share of the batch (``batch_size / processes`` rollouts), each group's prompt once
     with ``share_prompts``; padded, ``micro_batch_size`` samples. Lengths are per-sample means
     in tokens (a pre-flight's measurement: the whole sample, its completions, its first prompt);
-    without them each sample is the bound ``max_seq_len`` and trains ``max_tokens``."""
+    without them each sample is the bound ``max_seq_len`` and trains ``max_tokens`` (unset: the
+    environment's limit, bounded by the sample)."""
     micro, max_seq_len = int(a["micro_batch_size"]), int(a["max_seq_len"])
     sample = min(float(mean_sample_tokens or max_seq_len), max_seq_len)
-    trained = min(float(mean_trained_tokens or a["max_tokens"]), sample)
+    trained = min(float(mean_trained_tokens or a["max_tokens"] or sample), sample)  # max_tokens None: up to the sample
     if not mean_sample_tokens:
         tokens = int(a["micro_batch_tokens"] or micro * max_seq_len)
         return tokens, min(tokens, round(tokens / sample * trained))
