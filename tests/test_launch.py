@@ -1,5 +1,6 @@
 """The launcher: flags, GPU assignment, dry run and bad input (no torch, no processes)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -278,3 +279,17 @@ def test_resolved_config_says_where_each_value_came_from(tmp_path):
     assert origins["trainer.args.weight_sync"] == "default (for this layout: nccl)"
     assert origins["inference.args.max_model_len"] == "derived: trainer.args.max_seq_len"
     assert origins["inference.args.enforce_eager"] == "config"
+
+
+def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path):
+    """The launcher's checks of a GPU config (its memory estimate included) leave torch and vLLM
+    unimported: they are the launch's own start, before either pane runs."""
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace("Qwen/Qwen3-4B-Instruct-2507", str(model_dir)))
+    code = ("import sys\nfrom vf_rl.cli.launch import main\n"
+            f"code = main(['@', {str(path)!r}, '--dry-run'])\n"
+            "print('imported', code, 'torch' in sys.modules, 'vllm' in sys.modules)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "trainer memory per GPU (estimate): " in result.stdout  # the estimate ran (the model's shape read)
+    assert result.stdout.strip().splitlines()[-1] == "imported 0 False False"

@@ -43,6 +43,9 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
     ready = re.search(r"vf-vllm ready: the trainer process ran ([\d.]+) s before it asked, then waited ([\d.]+) s",
                       trainer_log)
     assert ready and float(ready[1]) > 0, trainer_log[:3000]
+    # the launcher's checks and vf-vllm's own start, each timed from its process's start
+    assert re.search(rf"tmux session '{session}' started [\d.]+ s after vf-rl did", result.stdout), result.stdout
+    assert re.search(r"vf-vllm: vLLM starts [\d.]+ s after vf-vllm did", (out / "logs" / "inference.log").read_text())
     # a clean log: one line per progress update, no warning meant for developers
     assert b"\r" not in (out / "logs" / "trainer.log").read_bytes()
     assert any(line.startswith("Generating batch 1: ") for line in trainer_log.splitlines())
