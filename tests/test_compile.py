@@ -115,3 +115,100 @@ def test_torch_compile_default_is_on_with_a_gpu():
     with pytest.raises(ConfigError, match="torch_compile = true is not supported with deepspeed"):
         check_trainer_args(resolve_trainer_args({"torch_compile": True, "deepspeed": "configs/deepspeed/zero3.json"},
                                                 True), 1, True)
+
+
+
+def _cpu_varlen():
+    """A CPU stand-in for ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention, CUDA only):
+    a custom op with a fake kernel and its own backward, as the real one, computing the segment
+    attention of ``attention.segment_attention``; it checks that the longest-segment arguments
+    bound the real segments (the kernel's contract)."""
+    from torch.library import custom_op
+
+    from vf_rl.trainer.attention import segment_attention
+    from vf_rl.trainer.packing import PackedLayout
+
+    def segments(q, k, v, cu_q, cu_k):
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        layout = PackedLayout(cu_q, cu_k, None, 0, 0, [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)])
+        return segment_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], layout, None)[0]
+
+    @custom_op("vf_rl_test::varlen", mutates_args=())
+    def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
+                max_q: int, max_k: int) -> torch.Tensor:
+        assert max_q >= int((cu_q[1:] - cu_q[:-1]).max()) and max_k >= int((cu_k[1:] - cu_k[:-1]).max())
+        return segments(q, k, v, cu_q, cu_k).contiguous()
+
+    @forward.register_fake
+    def _(q, k, v, cu_q, cu_k, max_q, max_k):
+        return torch.empty_like(q)
+
+    @custom_op("vf_rl_test::varlen_backward", mutates_args=())
+    def backward_op(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor,
+                    cu_k: torch.Tensor) -> list[torch.Tensor]:
+        _, vjp = torch.func.vjp(lambda a, b, c: segments(a, b, c, cu_q, cu_k), q, k, v)
+        return [g.contiguous() for g in vjp(grad)]
+
+    @backward_op.register_fake
+    def _(grad, q, k, v, cu_q, cu_k):
+        return [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
+
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:5])
+
+    forward.register_autograd(lambda ctx, grad: (*backward_op(grad, *ctx.saved_tensors), None, None, None, None),
+                              setup_context=setup_context)
+
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=None, is_causal=True):
+        groups = q.shape[1] // k.shape[1]
+        return forward(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu_q, cu_k, max_q, max_k)
+
+    return varlen_attn
+
+
+def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
+    """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
+    attention traces into each compiled decoder layer: no graph break, gradients equal the eager
+    model's for packed rows with shared prompts, and after the first change of lengths, rows of
+    new lengths and longest segments compile nothing new (the kernel's bounds come from the
+    row's symbolic sizes, not the layout's host ints)."""
+    import copy
+
+    from test_packing import group_samples
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vf_rl.trainer import attention
+    from vf_rl.trainer.logprobs import _no_mask
+    from vf_rl.trainer.model import compile_layers
+    from vf_rl.trainer.packing import packed_micro_batch
+
+    monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen())
+    monkeypatch.setattr(attention, "_VARLEN_PARAMS", ("is_causal",))
+    monkeypatch.setattr(attention, "varlen_applies", lambda query, dropout=0.0: True)
+    torch.manual_seed(0)
+    eager = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                         num_key_value_heads=2, vocab_size=100))
+    eager.set_attn_implementation(attention.register_attention())
+    compiled = copy.deepcopy(eager)
+    counter = CompileCounterWithBackend("aot_eager")
+    counters.clear()
+    assert compile_layers(compiled, counter) == 3
+    specs = ([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], [(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])],
+             [(6, [8, 1, 3, 2]), (4, [9, 7, 2, 5])], [(12, [2, 2, 9, 3]), (3, [6, 5, 8, 4])])
+    for i, spec in enumerate(specs):
+        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True)
+        assert mb.layout.key_index is not None  # shared prompts: keys gathered inside the graph
+        grads = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            logits = model(input_ids=mb.input_ids % 100, position_ids=mb.position_ids, use_cache=False,
+                           attention_mask=_no_mask(mb.input_ids.device), vf_rl_packing=mb.layout).logits
+            logits.float().pow(2).mean().backward()
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+        if i == 1:
+            frames = counter.frame_count  # the first shape, then dynamic shapes
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert counter.frame_count == frames == 2, "rows of new lengths compiled the layer again"

@@ -4,7 +4,10 @@ transformers' ``AttentionInterface`` as ``"vf_rl_packed"``.
 Segment ``s`` has queries ``q[cu_q[s]:cu_q[s+1]]`` and keys ``k[key_index][cu_k[s]:cu_k[s+1]]``,
 causal with the last query aligned to the last key (FlashAttention's bottom-right convention).
 On a CUDA device in bf16/fp16 it runs ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention
-varlen, torch >= 2.10); elsewhere one ``scaled_dot_product_attention`` per segment.
+varlen, torch >= 2.10), a custom op that traces into a compiled decoder layer (``torch_compile``):
+each layer stays one graph, where a graph break around attention doubled the compiled regions a
+pass enters, host time that bounds small models' steps (benchmarks/RESULTS.md, ah). Elsewhere
+one ``scaled_dot_product_attention`` per segment, always run eagerly.
 """
 
 from __future__ import annotations
@@ -74,7 +77,10 @@ def _varlen_attention(query, key, value, layout: PackedLayout, scaling):
         else:
             groups = q.shape[1] // k.shape[1]
             k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
-    out = _VARLEN(q, k, v, layout.cu_q, layout.cu_k, layout.max_q, layout.max_k, **kwargs)
+    # the kernel takes the longest segments as upper bounds (its grid): compiled, the row's lengths
+    # bound them, symbolic sizes, where the layout's host ints would recompile the layer per value
+    max_q, max_k = (q.shape[0], k.shape[0]) if torch.compiler.is_compiling() else (layout.max_q, layout.max_k)
+    out = _VARLEN(q, k, v, layout.cu_q, layout.cu_k, max_q, max_k, **kwargs)
     return out.unsqueeze(0)
 
 
@@ -96,19 +102,26 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    return _layout_attention(query, key, value, vf_rl_packing, scaling, dropout if module.training else 0.0), None
+    layout, dropout = vf_rl_packing, dropout if module.training else 0.0
+    if layout.key_index is not None:
+        key, value = key[:, :, layout.key_index], value[:, :, layout.key_index]
+    if varlen_applies(query, dropout):  # one custom op with a fake kernel: traces into a compiled layer
+        return _varlen_attention(query, key, value, layout, scaling), None
+    return _segment_attention_eager(query, key, value, layout, scaling, dropout), None
+
+
+def varlen_applies(query: torch.Tensor, dropout: float = 0.0) -> bool:
+    """Whether packed attention runs the varlen kernel (torch >= 2.10, CUDA, bf16/fp16, no
+    dropout) rather than one ``scaled_dot_product_attention`` per segment."""
+    return _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout
 
 
 @torch.compiler.disable
-def _layout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
-                      scaling: float | None, dropout: float) -> torch.Tensor:
-    """The packed branch of :func:`packed_attention_forward`, always run eagerly: inside a
-    compiled decoder layer (``torch_compile``) the layout's host ints and segment list would
-    otherwise be guarded on, and every micro batch of a new shape would compile the layer again."""
-    if layout.key_index is not None:
-        key, value = key[:, :, layout.key_index], value[:, :, layout.key_index]
-    if _VARLEN is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout:
-        return _varlen_attention(query, key, value, layout, scaling)
+def _segment_attention_eager(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                             scaling: float | None, dropout: float) -> torch.Tensor:
+    """:func:`segment_attention`, always run eagerly: inside a compiled decoder layer
+    (``torch_compile``) its loop over the layout's host segment list would be unrolled and
+    guarded on, and every micro batch of a new shape would compile the layer again."""
     return segment_attention(query, key, value, layout, scaling, dropout)
 
 

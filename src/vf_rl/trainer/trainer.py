@@ -44,16 +44,7 @@ from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, eva
 from .checkpoints import CheckpointingTrainer
 from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
-from .model import (  # noqa: F401
-    apply_liger,
-    apply_lora,
-    attention_implementation,
-    base_model,
-    compile_layers,
-    load_model,
-    lora_input_casts_off,
-    offload_checkpoints,
-)
+from .model import apply_lora, compile_layers, load_model, lora_input_casts_off, offload_checkpoints
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
 from .packing import plan_micro_batches
