@@ -102,12 +102,19 @@ def packed_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
 
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    layout, dropout = vf_rl_packing, dropout if module.training else 0.0
+    return _layout_attention(query, key, value, vf_rl_packing, scaling, dropout if module.training else 0.0), None
+
+
+def _layout_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: PackedLayout,
+                      scaling: float | None, dropout: float) -> torch.Tensor:
+    """The packed branch of :func:`packed_attention_forward`: ``query`` ``[1, Hq, N, D]``, key and
+    value ``[1, Hkv, N, D]``; returns ``[1, N, Hq, D]``. The key gather and the varlen kernel (one
+    custom op with a fake kernel) trace into a compiled layer; the per-segment fallback runs eagerly."""
     if layout.key_index is not None:
         key, value = key[:, :, layout.key_index], value[:, :, layout.key_index]
-    if varlen_applies(query, dropout):  # one custom op with a fake kernel: traces into a compiled layer
-        return _varlen_attention(query, key, value, layout, scaling), None
-    return _segment_attention_eager(query, key, value, layout, scaling, dropout), None
+    if varlen_applies(query, dropout):
+        return _varlen_attention(query, key, value, layout, scaling)
+    return _segment_attention_eager(query, key, value, layout, scaling, dropout)
 
 
 def varlen_applies(query: torch.Tensor, dropout: float = 0.0) -> bool:
