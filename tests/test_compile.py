@@ -117,7 +117,6 @@ def test_torch_compile_default_is_on_with_a_gpu():
                                                 True), 1, True)
 
 
-
 def _cpu_varlen():
     """A CPU stand-in for ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention, CUDA only):
     a custom op with a fake kernel and its own backward, as the real one, computing the segment
@@ -130,7 +129,7 @@ def _cpu_varlen():
 
     def segments(q, k, v, cu_q, cu_k):
         cq, ck = cu_q.tolist(), cu_k.tolist()
-        layout = PackedLayout(cu_q, cu_k, None, 0, 0, [(cq[i], cq[i + 1], ck[i], ck[i + 1]) for i in range(len(cq) - 1)])
+        layout = PackedLayout(cu_q, cu_k, None, 0, 0, list(zip(cq, cq[1:], ck, ck[1:])))
         return segment_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], layout, None)[0]
 
     @custom_op("vf_rl_test::varlen", mutates_args=())
