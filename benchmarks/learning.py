@@ -446,8 +446,10 @@ def async_trainer():
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
     from trl.experimental.async_grpo import packing as tree
     sys.path.insert(0, opts["benchmarks_dir"])
-    from learning import varlen_flash_attn
+    from learning import keep_published_adapters, varlen_flash_attn
     tree._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=varlen_flash_attn)  # no hub download
+    from trl.experimental.async_grpo import async_grpo_trainer
+    keep_published_adapters(async_grpo_trainer)
     from vllm.distributed.weight_transfer import nccl_common, nccl_engine
     if not hasattr(nccl_engine.NCCLWeightTransferEngine, "trainer_init"):
         # vLLM 0.26 (the GPU machines'): the trainer's end of the NCCL group is nccl_common.trainer_init, which TRL
@@ -585,6 +587,29 @@ def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
 
 
 ASYNC_MAX_STALENESS = 4  # AsyncGRPOConfig's default, set explicitly: the server's adapter slots follow from it
+
+
+def keep_published_adapters(trainer_module) -> None:
+    """Keeps every adapter version TRL's async trainer publishes on disk (``trl.experimental.async_grpo.
+    async_grpo_trainer``, passed in: importing it imports vLLM).
+
+    TRL 1.16 deletes a version's directory one sync after it unloads that version from the server,
+    while requests that name it can still wait in the server's queue (hundreds of rollouts, up to
+    ``max_staleness`` versions back): vLLM then reloads the adapter from the deleted directory and
+    its engine dies (``LoRAAdapterNotFoundError``; RESULTS (ai)). The module's ``rmtree`` skips
+    published version directories (``.vllm_lora/<name>-v<N>``) and still removes staging ones
+    (``.vllm_lora/.<name>-v<N>.tmp``) and every other path. A LoRA r8 adapter of a 135M model is
+    ~5 MB per step on disk.
+    """
+    import shutil
+    from types import SimpleNamespace
+
+    def rmtree(path, *args, **kwargs):
+        path = os.fspath(path)
+        if os.path.basename(os.path.dirname(path)) != ".vllm_lora" or os.path.basename(path).startswith("."):
+            shutil.rmtree(path, *args, **kwargs)
+
+    trainer_module.shutil = SimpleNamespace(**{**vars(shutil), "rmtree": rmtree})  # the rest of shutil as it is
 
 
 def served_lora_rank(rank: int) -> int:

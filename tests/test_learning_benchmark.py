@@ -415,3 +415,39 @@ def test_generation_probe_reads_the_gpus_busy_share_from_nvidia_smi(tmp_path, mo
     with generation.GpuBusy() as busy:
         pass
     assert busy.share is None
+
+
+ADAPTER_CHECK = r"""
+import inspect, os, sys
+sys.path.insert(0, sys.argv[2])
+from learning import keep_published_adapters
+from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+import accelerate, peft, transformers
+# TRL deletes stale versions through its module's shutil, where the patch sits
+assert "shutil.rmtree(os.path.join(self._lora_dir" in inspect.getsource(trainer_module.AsyncGRPOTrainer._sync_weight_lora)
+keep_published_adapters(trainer_module)
+config = transformers.LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2)
+model = peft.get_peft_model(transformers.LlamaForCausalLM(config), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+root = os.path.join(sys.argv[1], ".vllm_lora")
+for version in (1, 2):  # TRL's own publishing: staged in .trl-policy-vN.tmp, renamed into place
+    trainer_module.save_lora_adapter(model, accelerate.Accelerator(cpu=True), "default", f"{root}/trl-policy-v{version}")
+trainer_module.shutil.rmtree(os.path.join(root, "trl-policy-v1"), ignore_errors=True)  # as _sync_weight_lora does
+other = os.path.join(sys.argv[1], "other")
+os.makedirs(other)
+trainer_module.shutil.rmtree(other)
+print(sorted(os.listdir(root)), os.path.exists(other))
+"""
+
+
+def test_trl_async_keeps_the_adapters_queued_requests_name(tmp_path):
+    """TRL's async trainer deleted an adapter version that queued requests still named, and vLLM's
+    engine died reloading it: with ``keep_published_adapters`` TRL's own publish-and-delete keeps
+    every published version (with its ``adapter_config.json``), and still removes its staging
+    directories and any other path. A subprocess: TRL's async module imports vLLM."""
+    out = subprocess.run([sys.executable, "-c", ADAPTER_CHECK, str(tmp_path), str(REPO / "benchmarks")],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "['trl-policy-v1', 'trl-policy-v2'] False"
+    for version in (1, 2):
+        assert (tmp_path / ".vllm_lora" / f"trl-policy-v{version}" / "adapter_config.json").is_file()
