@@ -147,9 +147,12 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
-               "vf-rl-stack": {"torch_compile": False}}
+               "vf-rl-stack": {"torch_compile": False}, "vf-rl-stack-cudagraphs": {"torch_compile": False}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
-instead of vf-rl's per-layer compile, an experiment on a host-bound step's launch cost."""
+instead of vf-rl's per-layer compile, an experiment on a host-bound step's launch cost.
+vf-rl-stack-cudagraphs: that region as CUDA graphs (``mode="reduce-overhead"``: one forward and
+one backward graph per input shape, replayed without host work; each forward of the model starts
+a new cudagraph-trees step). On the CPU it runs as vf-rl-stack (inductor skips CUDA graphs)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -453,11 +456,16 @@ class VfSide:
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
-        if self.name == "vf-rl-stack":
+        if self.name.startswith("vf-rl-stack"):
             from vf_rl.trainer.model import base_model
 
-            base_model(self.model).model.compile()
+            graphs = self.name == "vf-rl-stack-cudagraphs"
+            base = base_model(self.model)
+            base.model.compile(mode="reduce-overhead" if graphs else None)
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
+            if graphs:  # the forward before the stack (the LM head's caller) marks each micro batch as a new step
+                base.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
+                self.mode += " of CUDA graphs"
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 
