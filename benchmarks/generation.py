@@ -182,10 +182,11 @@ def main(argv=None) -> int:
     args = RLConfig(output_dir=tempfile.mkdtemp(prefix="vf-rl-generation-"), use_cpu=not has_gpu, report_to="none",
                     batch_size=opts.prompts * opts.rollouts, rollouts_per_example=opts.rollouts,
                     micro_batch_size=opts.rollouts, max_tokens=opts.max_tokens, max_seq_len=opts.max_tokens + 512)
-    processes, base_url = [], opts.base_url
+    processes, base_url, server_start_s = [], opts.base_url, []  # launch to /health, seconds, per --serve server
     if opts.serve:  # one after another: a vLLM profiles the GPU's free memory while it starts
         urls = []
         for i in range(opts.servers):
+            started = time.perf_counter()
             try:
                 process, url = start_server(opts.model, shlex.split(opts.vllm_args),
                                             Path(args.output_dir) / f"vf-vllm-{i}.log")
@@ -194,6 +195,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"generation: {exc}") from None
             processes.append(process)
             urls.append(url)
+            server_start_s.append(round(time.perf_counter() - started, 1))
+            print(f"generation: vf-vllm {i} answered /health {server_start_s[-1]} s after it started", flush=True)
         base_url = urls[0] if len(urls) == 1 else urls
     results = {}
     options = dict(base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
@@ -228,7 +231,7 @@ def main(argv=None) -> int:
         opts.json.write_text(json.dumps({"settings": {k: str(v) if isinstance(v, Path) else v
                                                       for k, v in vars(opts).items()},
                                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                         "results": results}, indent=1))
+                                         "server_start_s": server_start_s, "results": results}, indent=1))
     return 0
 
 

@@ -328,7 +328,9 @@ def test_generation_probe_against_the_server(server, tmp_path):
                              "--max-tokens", "8", "--rounds", "1", "--warmup", "0", "--modes", "idle",
                              "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    results = json.loads(out.read_text())["results"]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert report["server_start_s"] == []  # a --base-url server is not started here
     assert set(results) == {"chat-thread", "group-thread", "group-process"}
     for path, modes in results.items():
         idle = modes["idle"]
