@@ -8,8 +8,12 @@
 #   3. realistic Qwen2-0.5B full against trl-compile
 #   4. realistic Qwen2-0.5B LoRA with the stack region: with attention traced it no longer breaks the graph at each
 #      layer (what made it slower in r)
+#   0 (first, ~1 min): scripts/gpu/cudagraph_accum_check.py, whether the stack's CUDA graphs accumulate gradients over
+#      micro batches as eager code does (the benchmark's gradient check sees micro batch 0 alone)
 # (The gradient check of ah's traced attention ran in ai: cosine 0.9994 against eager and TRL.)
 S=scripts/gpu/session.sh
+mkdir -p /tmp/e2e
+timeout 300 python3 scripts/gpu/cudagraph_accum_check.py > /tmp/e2e/cudagraph-accum-check.log 2>&1; echo "rc=$?" >> /tmp/e2e/cudagraph-accum-check.log
 MODE=realistic STEPS=6 LIMIT=500 SIDES="vf-rl trl-compile" BENCH="qwen2-0.5b:lora" FG=1 bash $S best
 MODE=fixed STEPS=6 LIMIT=300 SIDES="vf-rl vf-rl-stack vf-rl-stack-cudagraphs trl-compile-liger" BENCH="qwen2-0.5b:lora" \
   FG=1 bash $S best
