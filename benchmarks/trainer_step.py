@@ -156,6 +156,19 @@ a new cudagraph-trees step). On the CPU it runs as vf-rl-stack (inductor skips C
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+def compile_stack(model: torch.nn.Module, cuda_graphs: bool = False) -> None:
+    """The vf-rl-stack sides: ``model``'s decoder stack (embedding, every layer, the last norm; looked
+    up through peft and accelerate wrappers) compiled as one region; with ``cuda_graphs`` as CUDA
+    graphs (``mode="reduce-overhead"``), each forward of the model, which runs the LM head after the
+    stack, marking a new cudagraph-trees step (scripts/gpu/cudagraph_accum_check.py checks this one)."""
+    from vf_rl.trainer.model import base_model
+
+    base = base_model(model)
+    base.model.compile(mode="reduce-overhead" if cuda_graphs else None)
+    if cuda_graphs:
+        base.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
+
+
 def is_trl(side: str) -> bool:
     return side == "trl" or side.startswith("trl-")
 
@@ -457,15 +470,9 @@ class VfSide:
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
         if self.name.startswith("vf-rl-stack"):
-            from vf_rl.trainer.model import base_model
-
             graphs = self.name == "vf-rl-stack-cudagraphs"
-            base = base_model(self.model)
-            base.model.compile(mode="reduce-overhead" if graphs else None)
-            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
-            if graphs:  # the forward before the stack (the LM head's caller) marks each micro batch as a new step
-                base.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
-                self.mode += " of CUDA graphs"
+            compile_stack(self.model, cuda_graphs=graphs)
+            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region" + " of CUDA graphs" * graphs
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 

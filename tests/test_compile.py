@@ -211,3 +211,21 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
             frames = counter.frame_count  # the first shape, then dynamic shapes
     assert not counters["graph_break"], dict(counters["graph_break"])
     assert counter.frame_count == frames == 2, "rows of new lengths compiled the layer again"
+
+
+def test_the_stack_region_accumulates_gradients_as_eager_code():
+    """scripts/gpu/cudagraph_accum_check.py runs trainer_step.py's ``compile_stack`` (the
+    vf-rl-stack-cudagraphs side's setup) over micro batches with accumulated gradients against
+    eager code; on the CPU inductor skips the CUDA graphs, so this checks the stack region and the
+    script itself (the GPU run checks the graphs)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "cudagraph_accum_check.py"
+    out = subprocess.run([sys.executable, str(script), "--micro-batches", "2"], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == 3 and all("2 micro batches on cpu" in line for line in lines)
+    assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)

@@ -1,5 +1,5 @@
 """Whether the decoder stack compiled as CUDA graphs (``mode="reduce-overhead"``, trainer_step.py's
-vf-rl-stack-cudagraphs side) accumulates gradients over micro batches as eager code does.
+vf-rl-stack-cudagraphs side, through its ``compile_stack``) accumulates gradients over micro batches as eager code does.
 
 Replays of one CUDA graph write their outputs into the same static buffers, and a parameter's
 ``.grad`` from micro batch 1 may be such a buffer when micro batch 2 replays the backward graph; the
@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+from pathlib import Path
 
-import torch
-from peft import LoraConfig, get_peft_model
-from transformers import Qwen2Config, Qwen2ForCausalLM
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import torch  # noqa: E402
+from peft import LoraConfig, get_peft_model  # noqa: E402
+from trainer_step import compile_stack  # noqa: E402  (the benchmark sides' own setup)
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 
 def main() -> int:
@@ -37,8 +40,7 @@ def main() -> int:
                                                           "up_proj", "down_proj"], init_lora_weights=False)
     eager = get_peft_model(Qwen2ForCausalLM(config), lora).to(device)
     graphs = copy.deepcopy(eager)
-    graphs.base_model.model.model.compile(mode="reduce-overhead")
-    graphs.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
+    compile_stack(graphs, cuda_graphs=True)
     batches = [torch.randint(0, 512, (4, 64), device=device) for _ in range(a.micro_batches)]
     for step in range(3):  # the first replays record; later steps replay
         accumulated = []
