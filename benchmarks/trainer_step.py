@@ -160,13 +160,25 @@ def compile_stack(model: torch.nn.Module, cuda_graphs: bool = False) -> None:
     """The vf-rl-stack sides: ``model``'s decoder stack (embedding, every layer, the last norm; looked
     up through peft and accelerate wrappers) compiled as one region; with ``cuda_graphs`` as CUDA
     graphs (``mode="reduce-overhead"``), each forward of the model, which runs the LM head after the
-    stack, marking a new cudagraph-trees step (scripts/gpu/cudagraph_accum_check.py checks this one)."""
+    stack, marking a new cudagraph-trees step (scripts/gpu/cudagraph_accum_check.py checks this one).
+    Before that forward every trainable parameter has a ``.grad`` (zeros where the optimizer left
+    none), so autograd adds each micro batch's gradient into it in place: a parameter without one
+    would take the backward graph's output buffer itself as its ``.grad``, and the next micro batch's
+    replay overwrites that buffer (pytorch/pytorch#169545)."""
     from vf_rl.trainer.model import base_model
 
     base = base_model(model)
     base.model.compile(mode="reduce-overhead" if cuda_graphs else None)
     if cuda_graphs:
-        base.register_forward_pre_hook(lambda *_: torch.compiler.cudagraph_mark_step_begin())
+        trainable = [p for p in model.parameters() if p.requires_grad]
+
+        def begin_step(*_):
+            torch.compiler.cudagraph_mark_step_begin()
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+        base.register_forward_pre_hook(begin_step)
 
 
 def is_trl(side: str) -> bool:

@@ -216,8 +216,9 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
 def test_the_stack_region_accumulates_gradients_as_eager_code():
     """scripts/gpu/cudagraph_accum_check.py runs trainer_step.py's ``compile_stack`` (the
     vf-rl-stack-cudagraphs side's setup) over micro batches with accumulated gradients against
-    eager code; on the CPU inductor skips the CUDA graphs, so this checks the stack region and the
-    script itself (the GPU run checks the graphs)."""
+    eager code; on the CPU inductor skips the CUDA graphs, so this checks the stack region, the
+    script itself (the GPU run checks the graphs) and that every trainable parameter has a ``.grad``
+    before each backward (without one, a replayed backward graph overwrites the gradient)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -225,7 +226,7 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
     script = Path(__file__).resolve().parents[1] / "scripts" / "gpu" / "cudagraph_accum_check.py"
     out = subprocess.run([sys.executable, str(script), "--micro-batches", "2"], capture_output=True, text=True,
                          timeout=900)
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout[-1000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) == 3 and all("2 micro batches on cpu" in line for line in lines)
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
