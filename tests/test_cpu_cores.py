@@ -103,3 +103,25 @@ def test_vf_train_pins_itself_before_the_config_check_imports_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**env, cpus.TRAINER_CORES_ENV: str(max(os.sched_getaffinity(0)))})
     assert "threads 1" in out.stdout, (out.stdout, out.stderr[-2000:])
+
+
+@pytest.mark.parametrize("before", [None, "0"])
+def test_vf_vllm_asks_for_a_gpu_through_nvml_and_leaves_the_setting_as_it_was(monkeypatch, before):
+    """vf-vllm's CPU-or-GPU choice asks torch with PYTORCH_NVML_BASED_CUDA_CHECK=1 (torch's
+    default asks the CUDA runtime, which initializes the driver in vf-vllm's process and keeps
+    vLLM's engine from being forked from it) and restores the variable afterwards."""
+    import torch
+
+    from vf_rl.cli.vllm_server import gpu_visible
+
+    if before is None:
+        monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    else:
+        monkeypatch.setenv("PYTORCH_NVML_BASED_CUDA_CHECK", before)
+    seen = []
+    real = torch.cuda.is_available
+    monkeypatch.setattr(torch.cuda, "is_available",
+                        lambda: seen.append(os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")) or real())
+    assert gpu_visible() is real() is False  # this machine has no GPU
+    assert seen == ["1"]
+    assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == before

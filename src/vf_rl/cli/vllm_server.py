@@ -185,16 +185,34 @@ def main(argv: list[str] | None = None) -> int:
         model_info.finish(inspection, timeout=0)
 
 
+def gpu_visible() -> bool:
+    """Whether torch sees a CUDA GPU, asked through NVML (torch's ``PYTORCH_NVML_BASED_CUDA_CHECK``,
+    falling back to the CUDA runtime where NVML fails). torch's default check calls
+    ``cudaGetDeviceCount``, which initializes the CUDA driver in this process; vLLM's engine process
+    could then not be forked from it (``VLLM_WORKER_MULTIPROC_METHOD=fork``), only spawned, which
+    imports vLLM again on the way to the server's start."""
+    import torch
+
+    before = os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK")
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    try:
+        return torch.cuda.is_available()
+    finally:
+        if before is None:
+            del os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"]
+        else:
+            os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
+
+
 def _serve(argv: list[str], inspection) -> int:
     """The server's checks, then vLLM's CLI once ``inspection`` (``model_info.start``'s process
     or ``None``) has filled vLLM's model-info cache."""
     import psutil
-    import torch
 
     from vf_rl.inference import model_info
     from vf_rl.inference.api_servers import overlap_engine_start
 
-    cpu = not torch.cuda.is_available()
+    cpu = not gpu_visible()
     if cpu:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
