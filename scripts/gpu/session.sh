@@ -317,11 +317,12 @@ scaling)
 plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
   # its log is /tmp/e2e/plan.log, what its parts write to $OUT goes to /tmp/e2e/out; `poll` waits for it and collects
-  # The plan runs in a copy of the tree (/tmp/plan-tree): each later `run` call replaces the working tree, and a
-  # process importing vf_rl at that moment fails (ModuleNotFoundError, RESULTS aj)
+  # The plan runs in a copy of the tree (/tmp/plan-tree), its PYTHONPATH too (env.sh sourced there): each later
+  # `run` call replaces the working tree, and a process importing vf_rl at that moment fails (ModuleNotFoundError,
+  # RESULTS aj)
   mkdir -p /tmp/e2e/out; rm -rf /tmp/plan-tree; mkdir -p /tmp/plan-tree
-  tar --exclude=./.git -cf - . | tar -xf - -C /tmp/plan-tree
-  (cd /tmp/plan-tree && OUT=/tmp/e2e/out setsid nohup bash "$PLAN" > /tmp/e2e/plan.log 2>&1 &)
+  tar --exclude=./.git --exclude=./.venv --exclude=./.gpu --exclude='./.c[0-9]' -cf - . | tar -xf - -C /tmp/plan-tree
+  (cd /tmp/plan-tree && source scripts/gpu/env.sh && OUT=/tmp/e2e/out setsid nohup bash "$PLAN" > /tmp/e2e/plan.log 2>&1 &)
   sleep 5; PART=poll bash "$0" poll
   ;;
 poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
