@@ -125,3 +125,17 @@ def test_vf_vllm_asks_for_a_gpu_through_nvml_and_leaves_the_setting_as_it_was(mo
     assert gpu_visible() is real() is False  # this machine has no GPU
     assert seen == ["1"]
     assert os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK") == before
+
+
+@pytest.mark.parametrize("cpu,before,after", [(False, None, "fork"), (False, "spawn", "spawn"), (True, None, None)])
+def test_vf_vllm_forks_vllm_engine_on_a_gpu_unless_told_otherwise(monkeypatch, cpu, before, after):
+    """On a GPU vf-vllm has vLLM fork its engine process (a spawned one imports vLLM again, 15-17 s
+    of a cold start); a value the user set stays, and on the CPU vLLM's CLI default (spawn) stays."""
+    from vf_rl.cli.vllm_server import engine_start_method
+
+    if before is None:
+        monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", before)
+    engine_start_method(cpu)
+    assert os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == after

@@ -204,6 +204,17 @@ def gpu_visible() -> bool:
             os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = before
 
 
+def engine_start_method(cpu: bool) -> None:
+    """On a GPU, vLLM's engine process is forked from vf-vllm's (``VLLM_WORKER_MULTIPROC_METHOD=fork``
+    unless the variable is set) rather than spawned, the default vLLM's CLI sets: a spawned engine
+    imports vLLM afresh before its first log, 15-17 s of an H200's cold start (/health 80 s forked
+    against 96 s spawned, benchmarks/RESULTS.md, ak). :func:`gpu_visible` leaves the CUDA driver
+    uninitialized here, and vLLM spawns anyway where it finds it initialized. On the CPU the CLI's
+    default stays."""
+    if not cpu:
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+
+
 def _serve(argv: list[str], inspection) -> int:
     """The server's checks, then vLLM's CLI once ``inspection`` (``model_info.start``'s process
     or ``None``) has filled vLLM's model-info cache."""
@@ -213,6 +224,7 @@ def _serve(argv: list[str], inspection) -> int:
     from vf_rl.inference.api_servers import overlap_engine_start
 
     cpu = not gpu_visible()
+    engine_start_method(cpu)
     if cpu:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
