@@ -147,38 +147,15 @@ PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
-               "vf-rl-stack": {"torch_compile": False}, "vf-rl-stack-cudagraphs": {"torch_compile": False}}
+               "vf-rl-stack": {"torch_compile": False},
+               "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
-instead of vf-rl's per-layer compile, an experiment on a host-bound step's launch cost.
-vf-rl-stack-cudagraphs: that region as CUDA graphs (``mode="reduce-overhead"``: one forward and
-one backward graph per input shape, replayed without host work; each forward of the model starts
-a new cudagraph-trees step). On the CPU it runs as vf-rl-stack (inductor skips CUDA graphs)."""
+(``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
+experiment on a host-bound step's launch cost.
+vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: that
+region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
+work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def compile_stack(model: torch.nn.Module, cuda_graphs: bool = False) -> None:
-    """The vf-rl-stack sides: ``model``'s decoder stack (embedding, every layer, the last norm; looked
-    up through peft and accelerate wrappers) compiled as one region; with ``cuda_graphs`` as CUDA
-    graphs (``mode="reduce-overhead"``), each forward of the model, which runs the LM head after the
-    stack, marking a new cudagraph-trees step (scripts/gpu/cudagraph_accum_check.py checks this one).
-    Before that forward every trainable parameter has a ``.grad`` (zeros where the optimizer left
-    none), so autograd adds each micro batch's gradient into it in place: a parameter without one
-    would take the backward graph's output buffer itself as its ``.grad``, and the next micro batch's
-    replay overwrites that buffer (pytorch/pytorch#169545)."""
-    from vf_rl.trainer.model import base_model
-
-    base = base_model(model)
-    base.model.compile(mode="reduce-overhead" if cuda_graphs else None)
-    if cuda_graphs:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-
-        def begin_step(*_):
-            torch.compiler.cudagraph_mark_step_begin()
-            for p in trainable:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-
-        base.register_forward_pre_hook(begin_step)
 
 
 def is_trl(side: str) -> bool:
@@ -481,10 +458,13 @@ class VfSide:
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
-        if self.name.startswith("vf-rl-stack"):
-            graphs = self.name == "vf-rl-stack-cudagraphs"
-            compile_stack(self.model, cuda_graphs=graphs)
-            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region" + " of CUDA graphs" * graphs
+        if self.name == "vf-rl-stack":
+            from vf_rl.trainer.model import compile_stack
+
+            compile_stack(self.model)
+            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
+        elif self.trainer.cuda_graphs:
+            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs"
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 

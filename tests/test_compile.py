@@ -214,10 +214,11 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
 
 
 def test_the_stack_region_accumulates_gradients_as_eager_code():
-    """scripts/gpu/cudagraph_accum_check.py runs trainer_step.py's ``compile_stack`` (the
-    vf-rl-stack-cudagraphs side's setup) over micro batches with accumulated gradients against
-    eager code; on the CPU inductor skips the CUDA graphs, so this checks the stack region, the
-    script itself (the GPU run checks the graphs) and that every trainable parameter has a ``.grad``
+    """scripts/gpu/cudagraph_accum_check.py runs the trainer's ``compile_stack`` as CUDA graphs over
+    micro batches with accumulated gradients against eager code, then packed micro batches of
+    different layouts padded to one shape against the stack compiled without CUDA graphs; on the
+    CPU inductor skips the CUDA graphs, so this checks the stack region, the padding, the script
+    itself (the GPU run checks the graphs) and that every trainable parameter has a ``.grad``
     before each backward (without one, a replayed backward graph overwrites the gradient)."""
     import subprocess
     import sys
@@ -228,5 +229,57 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
                          timeout=900)
     assert out.returncode == 0, out.stdout[-1000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 3 and all("2 micro batches on cpu" in line for line in lines)
+    assert len(lines) == 6 and all("2 micro batches on cpu" in line for line in lines[:3])
+    assert all("2 packed micro batches of one shape" in line for line in lines[3:])
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
+
+
+def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tmp_path):
+    """``torch_compile_mode = "reduce-overhead"``: the decoder stack compiles as one region (no
+    layer on its own), every micro batch runs packed and padded to bucket sizes (the few shapes
+    whose CUDA graphs a GPU replays; aot_eager here, as inductor skips CUDA graphs on the CPU),
+    every trainable parameter has a ``.grad`` before each forward, and the step's loss,
+    statistics and adapter gradients equal the eager trainer's."""
+    from transformers import AutoTokenizer
+
+    from vf_rl.env_api import load_environment
+    from vf_rl.trainer.model import base_model, decoder_layers
+    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.trainer.packing import bucket
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    samples = group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=5)
+    batch = Batch(step=0, samples=samples, rollouts=[], metrics={})
+    results = []
+    for name, keys in (("eager", dict(torch_compile=False)),
+                       ("graphs", dict(torch_compile_backend="aot_eager", torch_compile_mode="reduce-overhead"))):
+        trainer = _trainer(model_dir, tmp_path, name, tokenizer, env, micro_batch_tokens=40, **keys)
+        if name == "eager":  # sampling log-probs near the model's own, so the ratios stay unmasked
+            with torch.no_grad():
+                for s in samples:
+                    ids = torch.tensor([s.input_ids])
+                    own, _ = selective_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+                    s.sampling_logprobs = [0.0] + (own[0] + 0.05 * torch.randn(len(own[0]))).tolist()
+        stack = base_model(trainer.model).get_decoder()
+        seen = []
+        stack.register_forward_pre_hook(lambda _, args, kwargs: seen.append(
+            (kwargs["input_ids"].shape[1], kwargs.get("vf_rl_packing") is not None,
+             all(p.grad is not None for p in trainer.model.parameters() if p.requires_grad))), with_kwargs=True)
+        trainer.model.zero_grad(set_to_none=True)
+        loss, stats = trainer._train_on_batch(trainer.model, batch)
+        grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+        results.append((float(loss), stats, grads))
+        if name == "graphs":
+            assert trainer.cuda_graphs and stack._compiled_call_impl is not None
+            assert all(layer._compiled_call_impl is None for layer in decoder_layers(trainer.model))
+            assert len(seen) >= 2 and all(packed and grads_ready and n == bucket(max(n, 64), 64)
+                                          for n, packed, grads_ready in seen), seen
+        else:
+            assert not trainer.cuda_graphs and stack._compiled_call_impl is None
+    (loss_ref, stats_ref, grads_ref), (loss, stats, grads) = results
+    assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
+    for key in ("importance_ratio", "mismatch_kl", "entropy", "tokens/trained", "tokens/loss"):
+        assert stats[key] == pytest.approx(stats_ref[key], rel=1e-4, abs=1e-6), key
+    flat, flat_ref = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, grads_ref))
+    assert float((flat - flat_ref).norm() / flat_ref.norm()) < 1e-4

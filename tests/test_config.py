@@ -81,6 +81,9 @@ CASES = {
     "batch not divisible by micro*gpus": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 2").replace(
         "batch_size = 32", "batch_size = 36").replace("rollouts_per_example = 8", "rollouts_per_example = 4"),
         "micro_batch_size * trainer processes (trainer.gpus * trainer.nodes)", "4 * 2 = 8"),
+    "CUDA graphs on two trainer gpus": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 2").replace(
+        "batch_size = 32", 'batch_size = 32\ntorch_compile_mode = "reduce-overhead"'),
+        "trainer.args.torch_compile_mode = 'reduce-overhead'", "runs with one trainer process; this run has 2"),
     "batch not divisible by group": (edit("rollouts_per_example = 8", "rollouts_per_example = 12"),
                                      "trainer.args.batch_size (32)", "rollouts_per_example (12)"),
     "group too small": (edit("rollouts_per_example = 8", "rollouts_per_example = 1"),
@@ -491,7 +494,12 @@ AGREE_REJECT = {
                                          "activation_offloading = true needs"),
     "tiled MLP with LoRA dropout": ({"tiled_mlp": True, "use_lora": True, "lora_dropout": 0.05},
                                     "tiled_mlp = true needs"),
-    "CUDA-graph compile mode": ({"torch_compile_mode": "reduce-overhead"}, "torch_compile_mode = 'reduce-overhead' replays"),
+    "CUDA graphs with checkpointed layers": ({"torch_compile_mode": "reduce-overhead", "gradient_checkpointing": True},
+                                            "torch_compile_mode = 'reduce-overhead' (CUDA graphs of the decoder stack) "
+                                            "does not combine"),
+    "CUDA graphs with padded micro batches": ({"torch_compile_mode": "max-autotune", "padding_free": False},
+                                              "torch_compile_mode = 'max-autotune' (CUDA graphs of the decoder stack) "
+                                              "needs"),
 }
 AGREE_ACCEPT = {
     "defaults": {},
@@ -509,6 +517,7 @@ AGREE_ACCEPT = {
     "offloaded checkpoints": {"gradient_checkpointing": True, "activation_offloading": True},
     "tiled MLP with LoRA": {"tiled_mlp": True, "use_lora": True},
     "compile mode without CUDA graphs": {"torch_compile_mode": "max-autotune-no-cudagraphs"},
+    "CUDA graphs of the decoder stack": {"torch_compile_mode": "reduce-overhead"},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 

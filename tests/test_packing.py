@@ -16,10 +16,12 @@ from vf_rl.trainer.logprobs import (
     selective_logprobs,
 )
 from vf_rl.trainer.packing import (
+    bucket,
     default_token_budget,
     pack_for_rank,
     pack_samples,
     packed_micro_batch,
+    pad_to_buckets,
     padded_micro_batch,
     plan_micro_batches,
     should_pack,
@@ -146,6 +148,63 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
         diff = float((p.grad - grads_ref[name]).norm() / grads_ref[name].norm())
         assert diff < 1e-4, (name, diff)
     assert any(p.grad.abs().sum() > 0 for p in smol.parameters())
+
+
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_bucketed_micro_batch_keeps_the_log_probs_and_gradients(smol, share_prompts):
+    """``pad_to_buckets`` (CUDA graphs' fixed shapes) appends padding segments to the packed row:
+    the row, segment count and gathered keys become bucket sizes, while the log-probs, entropies
+    and gradients of the real tokens are the unpadded micro batch's."""
+    samples = group_samples([(9, [6, 2, 7]), (4, [5, 3])], seed=4)
+    weights = torch.randn(len(samples), 16, generator=torch.Generator().manual_seed(2))
+    results = []
+    for pad in (False, True):
+        mb = packed_micro_batch(samples, share_prompts)
+        if pad:
+            plain, mb = mb, pad_to_buckets(mb, pad_token_id=0)
+            n, s = mb.input_ids.shape[1], mb.layout.cu_q.shape[0] - 1
+            assert n == bucket(n, 64) > plain.input_ids.shape[1] and s == bucket(s, 4, per_octave=1) > len(samples)
+            assert mb.position_ids.shape == mb.input_ids.shape and len(mb.layout.segments) == s
+            assert int(mb.layout.cu_q[-1]) == n and (mb.layout.cu_q.diff() > 0).all()
+            assert torch.equal(mb.input_ids[:, :plain.input_ids.shape[1]], plain.input_ids)
+            if share_prompts:
+                k = mb.layout.key_index.shape[0]
+                assert k == int(mb.layout.cu_k[-1]) == bucket(k, 64) and int(mb.layout.key_index.max()) < n
+            else:
+                assert mb.layout.key_index is None and torch.equal(mb.layout.cu_k, mb.layout.cu_q)
+            assert mb.tokens == plain.tokens and torch.equal(mb.predict_index, plain.predict_index)
+        smol.zero_grad()
+        lp, ent = packed_policy_logprobs(smol, mb)
+        (lp * weights[:, :lp.shape[1]]).masked_fill(~mb.loss_mask, 0).sum().backward()
+        results.append((lp.detach(), ent, {n: p.grad.clone() for n, p in smol.named_parameters()}))
+    (lp0, ent0, g0), (lp1, ent1, g1) = results
+    assert torch.allclose(lp1, lp0, atol=1e-5) and torch.allclose(ent1, ent0, atol=1e-5)
+    for name in g0:
+        assert float((g1[name] - g0[name]).norm() / g0[name].norm()) < 1e-4, name
+
+
+def test_bucketed_plans_have_few_shapes():
+    """Over many batches of random lengths, bucketed micro batches (every one packed) take a few
+    distinct ``(N, S, K)`` shapes: the row padded to the token budget's bucket (a sample longer than
+    the budget: its own), within an eighth of its power of two."""
+    g = torch.Generator().manual_seed(0)
+    bucket_sizes = [bucket(n, 64) for n in range(1, 5000)]
+    assert all(b == 64 if n <= 64 else b >= n and (b - n) * 8 <= n for n, b in zip(range(1, 5000), bucket_sizes))
+    assert len(set(bucket_sizes)) < 60
+    shapes, plans = set(), 0
+    for step in range(40):
+        spec = [(int(torch.randint(20, 300, (), generator=g)), torch.randint(5, 500, (8,), generator=g).tolist())
+                for _ in range(4)]
+        for share in (False, True):
+            for mb in plan_micro_batches(group_samples(spec, seed=step), 1, 0, 8, 2048, share, 0, True, bucketed=True):
+                assert mb.packed
+                n = mb.input_ids.shape[1]
+                real = mb.tokens + mb.layout.cu_q.shape[0] - 1 - mb.valid.shape[0]  # + one token per padding segment
+                assert n == bucket(max(real, 2048), 64)  # the budget's bucket, or a longer sample's
+                k = None if mb.layout.key_index is None else mb.layout.key_index.shape[0]
+                shapes.add((share, n, mb.layout.cu_q.shape[0], k))
+                plans += 1
+    assert plans > 150 and len(shapes) < plans / 10, (plans, len(shapes), sorted(shapes, key=str))
 
 
 @pytest.mark.parametrize("ragged", [False, True])

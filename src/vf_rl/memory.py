@@ -223,7 +223,8 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     with ``share_prompts``; padded, ``micro_batch_size`` samples. Lengths are per-sample means
     in tokens (a pre-flight's measurement: the whole sample, its completions, its first prompt);
     without them each sample is the bound ``max_seq_len`` and trains ``max_tokens`` (unset: the
-    environment's limit, bounded by the sample)."""
+    environment's limit, bounded by the sample). With CUDA graphs (``torch_compile_mode``) a packed
+    pass is padded up to a bucket size."""
     micro, max_seq_len = int(a["micro_batch_size"]), int(a["max_seq_len"])
     sample = min(float(mean_sample_tokens or max_seq_len), max_seq_len)
     trained = min(float(mean_trained_tokens or a["max_tokens"] or sample), sample)  # max_tokens None: up to the sample
@@ -238,7 +239,12 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     groups = -(-rollouts // max(int(a["rollouts_per_example"]), 1)) if a.get("share_prompts", True) else rollouts
     batch = rollouts * (sample - prompt) + groups * prompt  # the process's share, packed
     tokens = min(int(a["micro_batch_tokens"] or micro * math.ceil(sample)), round(batch))
-    return tokens, min(tokens, round(tokens * rollouts * trained / batch))
+    trained = min(tokens, round(tokens * rollouts * trained / batch))
+    if a.get("torch_compile") and a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
+        from vf_rl.trainer.packing import bucket
+
+        tokens = bucket(tokens + 1, 64)  # CUDA graphs: the row padded to a bucket (packing.pad_to_buckets)
+    return tokens, trained
 
 
 def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens: float | None = None,

@@ -178,10 +178,8 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     if a.get("tiled_mlp") and a["use_lora"] and a["lora_dropout"] > 0:
         raise ConfigError(f"{p}tiled_mlp = true needs {p}lora_dropout = 0 (the backward pass recomputes each MLP "
                           f"tile, which would draw new dropout masks); this run has {a['lora_dropout']}")
-    if a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
-        raise ConfigError(f"{p}torch_compile_mode = {a['torch_compile_mode']!r} replays CUDA graphs, which vf-rl's "
-                          "per-layer compiled regions cannot use (each layer's output is overwritten by the next "
-                          "replay); use 'default' or 'max-autotune-no-cudagraphs'")
+    if a["torch_compile"] and a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
+        _check_cuda_graphs(a, world_size, p)
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
@@ -212,6 +210,24 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     check_recipe_args(a, p)
     run_choices(a, p)  # no key of an option the run does not take
     check_batch_keys(a, p)
+
+
+def _check_cuda_graphs(a: dict[str, Any], world_size: int, p: str) -> None:
+    """``torch_compile_mode`` that replays CUDA graphs of the decoder stack (``trainer/model.py``):
+    measured with one trainer process and packed micro batches, and it cannot hold what runs
+    outside its graphs inside the stack (checkpointed layers, tiled MLPs)."""
+    mode = f"{p}torch_compile_mode = {a['torch_compile_mode']!r} (CUDA graphs of the decoder stack)"
+    if world_size > 1:
+        raise ConfigError(f"{mode} runs with one trainer process; this run has {world_size} (trainer.gpus * "
+                          "trainer.nodes): use 'default' or 'max-autotune-no-cudagraphs'")
+    for key, why in (("gradient_checkpointing", "recomputes layers outside the graphs"),
+                     ("tiled_mlp", "runs each MLP's backward itself"),
+                     ("deepspeed", "gathers weights inside the layers")):
+        if a.get(key):
+            raise ConfigError(f"{mode} does not combine with {p}{key} ({key} {why}); unset one of them")
+    if not a.get("padding_free", True):
+        raise ConfigError(f"{mode} needs {p}padding_free = true (packed micro batches are padded to a few shapes, "
+                          "each one graph)")
 
 
 def check_scheduler(name: Any, p: str = "") -> None:

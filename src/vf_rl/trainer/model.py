@@ -212,3 +212,69 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
     for layer in layers:
         layer.compile(backend=backend, mode=mode)
     return len(layers)
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``torch_compile_mode`` values that replay CUDA graphs: the trainer then compiles the decoder
+stack as one region (:func:`compile_stack`) and pads micro batches to a few shapes."""
+
+
+def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> bool:
+    """``torch.compile`` of the decoder stack as one region (the embedding, every layer, the last
+    norm: the base model's ``get_decoder()``, looked up through peft and DDP wrappers), in place.
+
+    With ``mode`` in :data:`CUDA_GRAPH_MODES` the region runs as CUDA graphs: one forward and
+    one backward graph per input shape, replayed without host work, so a host-bound step (small
+    models, LoRA) runs at the GPU's pace (benchmarks/RESULTS.md, ak: 1.99x TRL's best on
+    Qwen2-0.5B LoRA). Per-layer regions (:func:`compile_layers`) cannot replay graphs: every
+    layer runs the same compiled code, whose replay overwrites the previous layer's output.
+    Each forward of the model (the LM head runs after the stack) marks a new cudagraph-trees
+    step, and before it every trainable parameter gets a ``.grad`` (zeros where it has none), so
+    that autograd adds each micro batch's gradient into it in place: a parameter without one
+    would take the backward graph's output buffer itself as its ``.grad``, which the next micro
+    batch's replay overwrites (pytorch/pytorch#169545; scripts/gpu/cudagraph_accum_check.py).
+    On the CPU inductor skips CUDA graphs and the stack runs as one compiled region.
+
+    Returns:
+        whether the stack was compiled: False (nothing changed) when the model has no decoder
+        distinct from itself.
+    """
+    base = base_model(model)
+    stack = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if stack is None or stack is base:
+        return False
+    import torch._dynamo
+
+    # as compile_layers: room for each input form (training/no-grad, static then dynamic shapes),
+    # and what cannot compile runs eagerly, with dynamo's warning
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.suppress_errors = True
+    stack.compile(backend=backend, mode=mode)
+    if mode in CUDA_GRAPH_MODES:
+        trainable = [p for p in model.parameters() if p.requires_grad]
+
+        def begin_step(*_):
+            torch.compiler.cudagraph_mark_step_begin()
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+        base.register_forward_pre_hook(begin_step)
+    return True
+
+
+def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> tuple[bool, str]:
+    """``torch_compile = true``: the decoder stack as CUDA graphs for ``mode`` in
+    :data:`CUDA_GRAPH_MODES` (:func:`compile_stack`), else each decoder layer
+    (:func:`compile_layers`; also when the model has no separate stack, then without CUDA graphs).
+
+    Returns:
+        ``(cuda_graphs, what)``: whether the stack runs as CUDA graphs (the trainer then pads micro
+        batches to a few shapes, ``packing.pad_to_buckets``), and a line saying what compiles.
+    """
+    if mode in CUDA_GRAPH_MODES:
+        if compile_stack(model, backend, mode):
+            return True, f"the decoder stack compiles as CUDA graphs ({mode})"
+        return False, (f"{compile_layers(model, backend)} decoder layers compile without CUDA graphs "
+                       f"({type(base_model(model)).__name__} has no decoder stack apart from its head)")
+    return False, f"{compile_layers(model, backend, mode)} decoder layers compile"

@@ -126,14 +126,16 @@ def should_pack(samples: list[Sample], share_prompts: bool = False, min_saving: 
 
 def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int,
                        micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int,
-                       padding_free: bool = True) -> list[MicroBatch]:
+                       padding_free: bool = True, bucketed: bool = False) -> list[MicroBatch]:
     """This process's micro batches of a batch (host tensors).
 
     ``padding_free``: samples are packed greedily by a token budget (``micro_batch_tokens``,
     else :func:`default_token_budget` of the whole batch, the same on every process; see
     :func:`pack_for_rank`); each micro batch then runs packed (:func:`packed_micro_batch`) when
-    :func:`should_pack`, else padded (:func:`padded_micro_batch`). Otherwise: this process's
-    shard (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
+    :func:`should_pack`, else padded (:func:`padded_micro_batch`). With ``bucketed`` (CUDA
+    graphs, which replay one recorded graph per input shape) every micro batch runs packed, padded
+    to bucket sizes (:func:`pad_to_buckets`). Otherwise: this process's shard
+    (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
     if not padding_free:
         from .batching import shard
@@ -143,6 +145,8 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
                 for i in range(0, len(mine), micro_batch_size)]
     budget = micro_batch_tokens or default_token_budget(samples, micro_batch_size)
     packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
+    if bucketed:
+        return [pad_to_buckets(packed_micro_batch(p, share_prompts), pad_token_id, budget) for p in packs]
     return [packed_micro_batch(p, share_prompts) if should_pack(p, share_prompts) else
             padded_micro_batch(p, pad_token_id) for p in packs]
 
@@ -305,3 +309,60 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
                       advantages=torch.tensor([s.advantage for s in samples]), tokens=len(ids), layout=layout,
                       position_ids=torch.tensor([positions]), predict_index=torch.tensor(predict, dtype=torch.long),
                       valid=valid, cells=torch.tensor(cells, dtype=torch.long))
+
+
+# --- bucketed shapes (CUDA graphs) --------------------------------------------------------------
+
+
+def bucket(n: int, floor: int, per_octave: int = 8) -> int:
+    """The smallest size ``>= n`` (and ``>= floor``) on a grid of ``per_octave`` steps per
+    doubling: a multiple of ``2**e / per_octave`` for the largest power of two ``2**e <= n``. So
+    at most ``per_octave`` sizes per doubling, each at most ``1 / per_octave`` of ``2**e`` above
+    ``n`` (4097 -> 4608, 3000 -> 3072 with 8 steps)."""
+    step = max(1, (1 << (max(n, 1).bit_length() - 1)) // per_octave)
+    return max(floor, -(-n // step) * step)
+
+
+def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> MicroBatch:
+    """``mb`` (packed, host tensors) padded to a few input shapes, so that CUDA graphs
+    (``torch_compile_mode = "reduce-overhead"``), one recorded graph per shape, replay instead of
+    recording again: its row length ``N`` to :func:`bucket` of the packing's ``token_budget``
+    (of ``N`` itself when longer: one sample over the budget), its segment count ``S`` to a power
+    of two, its gathered keys ``K`` (shared prompts) to a :func:`bucket` size.
+
+    The padding is ``d >= 1`` segments of ``pad_token_id`` appended to the row (positions from 0,
+    each attending to itself; the last one also to extra copies of its first key when keys are
+    gathered, to fill ``K``). They are never predicted from nor targets (``predict_index``,
+    ``targets``, the ``[B, T]`` tensors and ``tokens`` are ``mb``'s), so log-probs, loss and
+    gradients are ``mb``'s (tests/test_packing.py); the cost is their forward, at most an eighth
+    of a full row's length in tokens past the padding segments' one token each (a micro batch
+    short of the budget, the last of a batch, is padded to it)."""
+    layout = mb.layout
+    n, s = mb.input_ids.shape[1], layout.cu_q.shape[0] - 1
+    d = bucket(s + 1, 4, per_octave=1) - s
+    lengths = [1] * (d - 1)
+    lengths.append(bucket(max(n + d, token_budget), 64) - n - (d - 1))
+    pad = sum(lengths)
+    shared = layout.key_index is not None
+    k = int(layout.cu_k[-1])
+    extra = bucket(k + pad, 64) - k - pad if shared else 0
+    q_bounds, k_bounds, key_index, positions, segments = [], [], [], [], list(layout.segments)
+    q0, k0 = n, k
+    for j, length in enumerate(lengths):
+        more = extra if j == d - 1 else 0
+        segments.append((q0, q0 + length, k0, k0 + more + length))
+        key_index += [q0] * more + list(range(q0, q0 + length))
+        positions += range(length)
+        q0, k0 = q0 + length, k0 + more + length
+        q_bounds.append(q0)
+        k_bounds.append(k0)
+    added = segments[s:]
+    padded = PackedLayout(
+        cu_q=torch.cat([layout.cu_q, torch.tensor(q_bounds, dtype=layout.cu_q.dtype)]),
+        cu_k=torch.cat([layout.cu_k, torch.tensor(k_bounds, dtype=layout.cu_k.dtype)]),
+        key_index=torch.cat([layout.key_index, torch.tensor(key_index, dtype=torch.long)]) if shared else None,
+        max_q=max([layout.max_q] + [b - a for a, b, _, _ in added]),
+        max_k=max([layout.max_k] + [b - a for _, _, a, b in added]), segments=segments)
+    return dataclasses.replace(
+        mb, layout=padded, input_ids=torch.cat([mb.input_ids, torch.full((1, pad), pad_token_id, dtype=torch.long)], 1),
+        position_ids=torch.cat([mb.position_ids, torch.tensor([positions], dtype=mb.position_ids.dtype)], 1))

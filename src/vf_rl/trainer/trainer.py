@@ -44,7 +44,7 @@ from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, eva
 from .checkpoints import CheckpointingTrainer
 from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
-from .model import apply_lora, compile_layers, load_model, lora_input_casts_off, offload_checkpoints
+from .model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
 from .packing import plan_micro_batches
@@ -100,14 +100,15 @@ class RLTrainer(CheckpointingTrainer):
         self.env = env
         # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
         self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
-        if args.torch_compile:  # each decoder layer in place (model.py), not accelerate's whole-model compile
+        self.cuda_graphs = False  # the decoder stack as CUDA graphs: micro batches padded to a few shapes
+        if args.torch_compile:  # in place (model.py), not accelerate's whole-model compile
             from accelerate.utils import DynamoBackend
 
             self.accelerator.state.dynamo_plugin.backend = DynamoBackend.NO
-            compiled = compile_layers(self.model, args.torch_compile_backend or "inductor", args.torch_compile_mode)
-            if compiled and self.is_world_process_zero():
-                print(f"torch_compile: {compiled} decoder layers compile at their first forward (the first "
-                      "steps take longer)", flush=True)
+            self.cuda_graphs, what = compile_model(self.model, args.torch_compile_backend or "inductor",
+                                                   args.torch_compile_mode)
+            if self.is_world_process_zero():
+                print(f"torch_compile: {what} at its first forward (the first steps take longer)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         self.remove_callback(ProgressCallback)
@@ -324,7 +325,7 @@ class RLTrainer(CheckpointingTrainer):
         # forward, so no copy or host read waits for queued GPU work inside the loop
         on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
                                      a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id,
-                                     a.padding_free)  # packed or padded (packing.py)
+                                     a.padding_free, bucketed=self.cuda_graphs)  # packed or padded (packing.py)
         trained_tokens = sum(mb.tokens for mb in on_host)
         my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
         on_device = [mb.to(a.device) for mb in on_host]
