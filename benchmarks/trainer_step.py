@@ -148,13 +148,16 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
                "vf-rl-stack": {"torch_compile": False},
-               "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}}
+               "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
+               "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
 (``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
 experiment on a host-bound step's launch cost.
 vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: that
 region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
-work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs."""
+work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs.
+vf-rl-stack-autotune: the same with ``torch_compile_mode = "max-autotune"`` (inductor also benchmarks
+matmul kernels at compile time: a longer first step)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -464,7 +467,8 @@ class VfSide:
             compile_stack(self.model)
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
         elif self.trainer.cuda_graphs:
-            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs"
+            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs" + (
+                f" ({config.torch_compile_mode})" if config.torch_compile_mode != "reduce-overhead" else "")
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 
