@@ -13,7 +13,7 @@ from .rules import ConfigError
 
 DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
                 "eval_rollouts_per_example": "rollouts_per_example", "eval_on_start": "on when eval_strategy is not 'no'",
-                "torch_compile": "on with a GPU, without DeepSpeed"}
+                "torch_compile": "on with a GPU without DeepSpeed, or with torch_compile_backend/torch_compile_mode set"}
 """The keys :func:`derive_defaults` fills, and from what (shown in ``resolved.toml``)."""
 
 
