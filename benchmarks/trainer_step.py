@@ -149,8 +149,7 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
                "vf-rl-stack": {"torch_compile": False},
                "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
-               "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"},
-               "vf-rl-layer-cudagraphs": {"torch_compile": False}}
+               "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
 (``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
 experiment on a host-bound step's launch cost.
@@ -158,11 +157,7 @@ vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer'
 region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
 work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs.
 vf-rl-stack-autotune: the same with ``torch_compile_mode = "max-autotune"`` (inductor also benchmarks
-matmul kernels at compile time: a longer first step).
-vf-rl-layer-cudagraphs: an experiment on the first step: each decoder layer compiled as CUDA graphs
-(one compiled code for every layer, as the default's regions; cudagraph trees record a node per layer
-call), with the trainer's gradient hook and padded micro batches. (r) saw such regions fail before the
-hook existed, with the error the hook fixes."""
+matmul kernels at compile time: a longer first step)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -471,13 +466,6 @@ class VfSide:
 
             compile_stack(self.model)
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
-        elif self.name == "vf-rl-layer-cudagraphs":
-            from vf_rl.trainer.model import compile_layers, mark_cuda_graph_steps
-
-            compile_layers(self.model, mode="reduce-overhead")
-            mark_cuda_graph_steps(self.model)
-            self.trainer.cuda_graphs = True  # micro batches padded to a few shapes, as the trainer's mode
-            self.mode = "RLTrainer._train_on_batch, each decoder layer compiled as CUDA graphs"
         elif self.trainer.cuda_graphs:
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs" + (
                 f" ({config.torch_compile_mode})" if config.torch_compile_mode != "reduce-overhead" else "")

@@ -17,9 +17,8 @@
 On the CPU inductor skips CUDA graphs (the check then covers the compiled stack, the padding, and
 that every trainable parameter has a ``.grad`` before each backward).
 
-    python scripts/gpu/cudagraph_accum_check.py [--micro-batches 4] [--tol 1e-4] [--layout-tol 1e-2] [--regions layers]
-Exit code 1 when a difference is above its tolerance. ``--regions layers`` checks the experiment of
-``trainer_step.py``'s vf-rl-layer-cudagraphs side instead: each decoder layer compiled as CUDA graphs.
+    python scripts/gpu/cudagraph_accum_check.py [--micro-batches 4] [--tol 1e-4] [--layout-tol 1e-2]
+Exit code 1 when a difference is above its tolerance.
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from vf_rl.trainer.attention import register_attention
 from vf_rl.trainer.batching import Sample
 from vf_rl.trainer.logprobs import packed_policy_logprobs
-from vf_rl.trainer.model import compile_layers, compile_stack, mark_cuda_graph_steps
+from vf_rl.trainer.model import compile_stack
 from vf_rl.trainer.packing import packed_micro_batch, pad_to_buckets
 
 CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
@@ -52,20 +51,11 @@ def grads(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([q.grad.flatten().float() for q in model.parameters() if q.grad is not None])
 
 
-def as_graphs(model: torch.nn.Module, regions: str) -> None:
-    """``model`` compiled as CUDA graphs: the decoder stack (the trainer's mode) or each layer."""
-    if regions == "stack":
-        compile_stack(model, mode="reduce-overhead")
-    else:
-        compile_layers(model, mode="reduce-overhead")
-        mark_cuda_graph_steps(model)
-
-
-def accumulation(device: str, micro_batches: int, tol: float, regions: str) -> bool:
+def accumulation(device: str, micro_batches: int, tol: float) -> bool:
     torch.manual_seed(0)
     eager = get_peft_model(Qwen2ForCausalLM(Qwen2Config(**CONFIG)), LoraConfig(**LORA)).to(device)
     graphs = copy.deepcopy(eager)
-    as_graphs(graphs, regions)
+    compile_stack(graphs, mode="reduce-overhead")
     batches = [torch.randint(0, 512, (4, 64), device=device) for _ in range(micro_batches)]
     for step in range(3):  # the first replays record; later steps replay
         accumulated = []
@@ -106,18 +96,15 @@ def packed_batches(count: int) -> list:
     return out
 
 
-def layouts(device: str, micro_batches: int, tol: float, regions: str) -> bool:
+def layouts(device: str, micro_batches: int, tol: float) -> bool:
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
     base.set_attn_implementation(register_attention())
     plain = get_peft_model(base, LoraConfig(**LORA)).to(device, dtype)
     graphs = copy.deepcopy(plain)
-    if regions == "stack":
-        compile_stack(plain)
-    else:
-        compile_layers(plain)
-    as_graphs(graphs, regions)
+    compile_stack(plain)
+    compile_stack(graphs, mode="reduce-overhead")
     batches = packed_batches(micro_batches)
     shapes = {(mb.input_ids.shape[1], mb.layout.cu_q.shape[0], mb.layout.key_index.shape[0]) for mb in batches}
     bounds = {tuple(mb.layout.cu_q.tolist()) for mb in batches}
@@ -136,7 +123,7 @@ def layouts(device: str, micro_batches: int, tol: float, regions: str) -> bool:
             results.append((torch.cat(logprobs), grads(model)))
         lp_diff, grad_diff = relative(results[1][0], results[0][0]), relative(results[1][1], results[0][1])
         print(f"step {step}: {len(batches)} packed micro batches of one shape (N, S + 1, K) {next(iter(shapes))} "
-              f"on {device} ({dtype}), CUDA graphs against the same {regions} compiled without: relative L2 difference of the "
+              f"on {device} ({dtype}), CUDA graphs against the same stack without: relative L2 difference of the "
               f"log-probs {lp_diff:.3e}, of the accumulated gradients {grad_diff:.3e}", flush=True)
         if not (lp_diff <= tol and grad_diff <= tol):
             return False
@@ -148,11 +135,10 @@ def main() -> int:
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--layout-tol", type=float, default=1e-2)
-    p.add_argument("--regions", choices=["stack", "layers"], default="stack")
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ok = accumulation(device, a.micro_batches, a.tol, a.regions)
-    return 0 if ok and layouts(device, min(max(a.micro_batches, 2), 5), a.layout_tol, a.regions) else 1
+    ok = accumulation(device, a.micro_batches, a.tol)
+    return 0 if ok and layouts(device, min(max(a.micro_batches, 2), 5), a.layout_tol) else 1
 
 
 if __name__ == "__main__":

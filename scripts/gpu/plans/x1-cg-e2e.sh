@@ -1,10 +1,8 @@
 #!/bin/bash
-# One GPU, ~25 minutes: the trainer's CUDA-graph mode (torch_compile_mode = "reduce-overhead": the decoder stack
+# One GPU, ~22 minutes: the trainer's CUDA-graph mode (torch_compile_mode = "reduce-overhead": the decoder stack
 # as CUDA graphs, packed micro batches padded to a few shapes) on a GPU, as a user runs it.
 #   0 (~1 min): scripts/gpu/cudagraph_accum_check.py: accumulated gradients, then one recorded graph replayed over
 #     packed micro batches of different layouts (bf16, FlashAttention varlen) against the stack without CUDA graphs
-#   0b (~3 min): the experiment of each decoder layer as CUDA graphs (trainer_step.py's vf-rl-layer-cudagraphs): its
-#     check, then fixed Qwen2-0.5B LoRA (the stack: 111,599 tokens/s, first step 90 s in RESULTS ak)
 #   1 (~12 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 4 minutes per side after step 1:
 #     the CUDA-graph mode, then per-layer compiled regions (new lengths every step: how often graphs record, the
 #     train time per step, reward against seconds)
@@ -15,10 +13,6 @@ S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 timeout 300 python3 scripts/gpu/cudagraph_accum_check.py > /tmp/e2e/cudagraph-accum-check.log 2>&1
 echo "rc=$?" >> /tmp/e2e/cudagraph-accum-check.log
-# the first step's experiment: each layer as CUDA graphs (compiles one layer's code: ~22 s per-layer, 90 s the stack)
-timeout 300 python3 scripts/gpu/cudagraph_accum_check.py --regions layers > /tmp/e2e/cudagraph-layers-check.log 2>&1
-echo "rc=$?" >> /tmp/e2e/cudagraph-layers-check.log
-MODE=fixed STEPS=6 LIMIT=300 SIDES="vf-rl-layer-cudagraphs" BENCH="qwen2-0.5b:lora" FG=1 bash $S best
 for tag in cg layers; do
   args=(--vf-arg torch_compile=true)
   [ $tag = cg ] && args+=(--vf-arg 'torch_compile_mode="reduce-overhead"')

@@ -251,24 +251,16 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
     torch._dynamo.config.suppress_errors = True
     stack.compile(backend=backend, mode=mode)
     if mode in CUDA_GRAPH_MODES:
-        mark_cuda_graph_steps(model)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+
+        def begin_step(*_):
+            torch.compiler.cudagraph_mark_step_begin()
+            for p in trainable:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+
+        base.register_forward_pre_hook(begin_step)
     return True
-
-
-def mark_cuda_graph_steps(model: torch.nn.Module) -> None:
-    """Before each forward of ``model`` (its base model, :func:`base_model`): a new cudagraph-trees
-    step, and a ``.grad`` (zeros) on every trainable parameter without one, so that autograd adds
-    each micro batch's gradient into it in place rather than taking a replayed backward graph's
-    output buffer as the ``.grad`` (pytorch/pytorch#169545)."""
-    trainable = [p for p in model.parameters() if p.requires_grad]
-
-    def begin_step(*_):
-        torch.compiler.cudagraph_mark_step_begin()
-        for p in trainable:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-
-    base_model(model).register_forward_pre_hook(begin_step)
 
 
 def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> tuple[bool, str]:
