@@ -314,6 +314,15 @@ scaling)
   done
   run table 60 python3 benchmarks/scaling.py $OUT/runs/scale-*.metrics.jsonl --json $OUT/scaling.json --plot $OUT/scaling.png
   ;;
+unsloth)  # issue 29's Unsloth peer: the wheels of .u1, .u2 (scripts/gpu/build_unsloth.sh, carried as /tmp/chunks/.uN)
+  # into /tmp/site-unsloth (its own trl 1.15.0 and datasets 4.3.0), then scripts/gpu/unsloth_smoke.py with that site
+  # first on the path; its log in $OUT
+  mkdir -p /tmp/unsloth-whl; cat /tmp/chunks/.u*/unsloth-whl.tar.* | tar xf - -C /tmp/unsloth-whl
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site-unsloth /tmp/unsloth-whl/whl/*.whl \
+    > $OUT/unsloth-install.log 2>&1; echo "install rc=$?"; tail -n 5 $OUT/unsloth-install.log
+  PYTHONPATH=/tmp/site-unsloth:$PYTHONPATH timeout 400 python3 scripts/gpu/unsloth_smoke.py --model /tmp/smol \
+    > $OUT/unsloth-smoke.log 2>&1; echo "smoke rc=$?"; grep -v "^\s*$" $OUT/unsloth-smoke.log | tail -n 30
+  ;;
 plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the background, each running parts with
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
   # its log is /tmp/e2e/plan.log, what its parts write to $OUT goes to /tmp/e2e/out; `poll` waits for it and collects
