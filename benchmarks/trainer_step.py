@@ -162,7 +162,37 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def is_trl(side: str) -> bool:
-    return side == "trl" or side.startswith("trl-")
+    """A peer side, fed TRL's inputs: TRL's ``GRPOTrainer`` (``trl``, ``trl-*``), or as Unsloth patches
+    it (``unsloth``: its model loading, kernels and loss; run through scripts/gpu/unsloth_step.py)."""
+    return side in ("trl", "unsloth") or side.startswith("trl-")
+
+
+def unsloth_model(model, tokenizer, args, out_dir: Path):
+    """The ``unsloth`` side's model: ``model`` saved and loaded back through Unsloth's
+    ``FastLanguageModel`` in its dtype, with Unsloth's LoRA adapter (``--lora``: the same targets,
+    rank and alpha as the other sides) or all weights trained (``full_finetuning``); Unsloth's
+    gradient checkpointing with ``--gradient-checkpointing``.
+
+    Raises:
+        SystemExit: Unsloth was not imported first (it patches transformers, peft and TRL when
+            imported before them): run through scripts/gpu/unsloth_step.py.
+    """
+    if "unsloth" not in sys.modules:
+        raise SystemExit("--sides unsloth: run through scripts/gpu/unsloth_step.py, which imports unsloth before "
+                         "transformers, trl and peft, as Unsloth needs")
+    from unsloth import FastLanguageModel
+
+    path = out_dir / "unsloth-model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    loaded, _ = FastLanguageModel.from_pretrained(model_name=str(path), max_seq_length=32768, dtype=model.dtype,
+                                                  load_in_4bit=False, full_finetuning=not args.lora)
+    if not args.lora:
+        return loaded
+    return FastLanguageModel.get_peft_model(
+        loaded, r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
+        target_modules=LORA_TARGETS, random_state=args.seed,
+        use_gradient_checkpointing="unsloth" if args.gradient_checkpointing else False)
 
 
 def parse_args(argv=None):
@@ -201,8 +231,8 @@ def parse_args(argv=None):
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
     p.add_argument("--sides", default="vf-rl,trl",
                    help=f"comma list, run in this order: {', '.join(VF_VARIANTS)}, and TRL sides "
-                   "trl[-compile][-liger] (GRPOConfig torch_compile / use_liger_kernel); ratios are against the "
-                   "fastest TRL side")
+                   "trl[-compile][-liger] (GRPOConfig torch_compile / use_liger_kernel), unsloth (through "
+                   "scripts/gpu/unsloth_step.py); ratios are against the fastest of these peer sides")
     p.add_argument("--no-prepare", action="store_true",
                    help="do not accelerator.prepare(model, optimizer) (Trainer.train does it: bf16 autocast and "
                         "fp32 outputs on the model's forward)")
@@ -234,7 +264,7 @@ def parse_args(argv=None):
     if not args.sides or len(set(args.sides)) < len(args.sides):
         p.error("--sides: a comma list of distinct sides")
     for side in args.sides:
-        if side not in VF_VARIANTS:
+        if side not in VF_VARIANTS and side != "unsloth":
             try:
                 trl_options(side)
             except ValueError as e:
@@ -491,9 +521,11 @@ class TrlSide:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        options = trl_options(variant)  # trl-compile: torch_compile=True; trl-liger: use_liger_kernel=True
+        # trl-compile: torch_compile=True; trl-liger: use_liger_kernel=True; unsloth: Unsloth's model and trainer
+        options = {} if variant == "unsloth" else trl_options(variant)
         self.args, self.device, self.name = args, device, variant
-        self.mode = "GRPOTrainer.compute_loss" + "".join(f", {k}=True" for k in options)
+        self.mode = ("Unsloth's GRPOTrainer.compute_loss" if variant == "unsloth" else "GRPOTrainer.compute_loss"
+                     ) + "".join(f", {k}=True" for k in options)
         n_micro = args.batch // args.micro_batch
         config = GRPOConfig(
             output_dir=str(out_dir / variant), report_to="none", seed=args.seed, loss_type="cispo",
@@ -507,7 +539,7 @@ class TrlSide:
             beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
             save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda", **options)
         peft_config = None
-        if args.lora:
+        if args.lora and variant != "unsloth":  # Unsloth's model has its adapter (unsloth_model)
             from peft import LoraConfig
 
             peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
@@ -519,7 +551,7 @@ class TrlSide:
 
         self.trainer = GRPOTrainer(model=model, reward_funcs=zero_reward, args=config, train_dataset=dataset,
                                    processing_class=tokenizer, peft_config=peft_config)
-        if args.gradient_checkpointing and args.lora:  # what Trainer.train does before its first step
+        if args.gradient_checkpointing and args.lora and variant != "unsloth":  # what Trainer.train does first
             self.trainer.model.enable_input_require_grads()
         # What Trainer's loop sets before each accumulation window; _compute_loss reads it.
         self.trainer.current_gradient_accumulation_steps = n_micro
@@ -585,13 +617,15 @@ class Opened:
         self.base_mem = allocated(device)
         model = copy.deepcopy(master).to(device)
         t0 = time.perf_counter()
+        if name == "unsloth":
+            model = unsloth_model(model, tokenizer, args, out_dir)
         if is_trl(name):
             side = TrlSide(model, tokenizer, args, device, out_dir, variant=name)
         else:
             side = VfSide(model, tokenizer, args, device, out_dir, variant=name)
         del model
         self.build_s = time.perf_counter() - t0
-        if args.gradient_checkpointing:  # what Trainer.train does with the side's gradient_checkpointing_kwargs
+        if args.gradient_checkpointing and name != "unsloth":  # what Trainer.train does with the side's kwargs
             kwargs = dict(side.trainer.args.gradient_checkpointing_kwargs or {"use_reentrant": False})
             offload = {"offload": True} if kwargs.pop("offload", False) else {}
             side.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs, **offload)
