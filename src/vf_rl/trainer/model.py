@@ -227,7 +227,8 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
     one backward graph per input shape, replayed without host work, so a host-bound step (small
     models, LoRA) runs at the GPU's pace (benchmarks/RESULTS.md, ak: 1.99x TRL's best on
     Qwen2-0.5B LoRA). Per-layer regions (:func:`compile_layers`) cannot replay graphs: every
-    layer runs the same compiled code, whose replay overwrites the previous layer's output.
+    layer runs the same compiled code, whose replay overwrites the previous layer's output
+    (pytorch/pytorch#152887).
     Each forward of the model (the LM head runs after the stack) marks a new cudagraph-trees
     step, and before it every trainable parameter gets a ``.grad`` (zeros where it has none), so
     that autograd adds each micro batch's gradient into it in place: a parameter without one
