@@ -3,7 +3,7 @@
 # as CUDA graphs, packed micro batches padded to a few shapes) on a GPU, as a user runs it.
 #   0 (~1 min): scripts/gpu/cudagraph_accum_check.py: accumulated gradients, then one recorded graph replayed over
 #     packed micro batches of different layouts (bf16, FlashAttention varlen) against the stack without CUDA graphs
-#   1 (~12 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 4 minutes per side after step 1:
+#   1 (~12 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 3 minutes per side after step 1:
 #     the CUDA-graph mode, then per-layer compiled regions (new lengths every step: how often graphs record, the
 #     train time per step, reward against seconds)
 #   2 (~6 min): realistic Qwen2-0.5B LoRA trainer step (trainer_step.py), the CUDA-graph mode against per-layer
@@ -17,7 +17,7 @@ for tag in cg layers; do
   args=(--vf-arg torch_compile=true)
   [ $tag = cg ] && args+=(--vf-arg 'torch_compile_mode="reduce-overhead"')
   name=learning-reverse-text-$tag
-  timeout 720 python3 benchmarks/learning.py --env reverse-text --device gpu --model /tmp/smol --minutes 4 \
+  timeout 720 python3 benchmarks/learning.py --env reverse-text --device gpu --model /tmp/smol --minutes 3 \
     --sides vf-rl --shared "${args[@]}" --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name \
     > /tmp/e2e/$name.log 2>&1
 done
