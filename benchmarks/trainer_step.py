@@ -497,8 +497,8 @@ class VfSide:
             compile_stack(self.model)
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
         elif self.trainer.cuda_graphs:
-            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs" + (
-                f" ({config.torch_compile_mode})" if config.torch_compile_mode != "reduce-overhead" else "")
+            self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs "
+                         f"({config.torch_compile_mode})")
         if "torch_compile" not in self.overrides:  # the default: say what it resolved to
             self.mode += f" (torch_compile {'on' if config.torch_compile else 'off'})"
 
@@ -521,11 +521,12 @@ class TrlSide:
         from datasets import Dataset
         from trl import GRPOConfig, GRPOTrainer
 
-        # trl-compile: torch_compile=True; trl-liger: use_liger_kernel=True; unsloth: Unsloth's model and trainer
-        options = {} if variant == "unsloth" else trl_options(variant)
+        # trl-compile: torch_compile=True; trl-liger: use_liger_kernel=True; unsloth: Unsloth's model (its own
+        # adapter and gradient checkpointing, unsloth_model) and its patched trainer
+        unsloth = variant == "unsloth"
+        options = {} if unsloth else trl_options(variant)
         self.args, self.device, self.name = args, device, variant
-        self.mode = ("Unsloth's GRPOTrainer.compute_loss" if variant == "unsloth" else "GRPOTrainer.compute_loss"
-                     ) + "".join(f", {k}=True" for k in options)
+        self.mode = "Unsloth's " * unsloth + "GRPOTrainer.compute_loss" + "".join(f", {k}=True" for k in options)
         n_micro = args.batch // args.micro_batch
         config = GRPOConfig(
             output_dir=str(out_dir / variant), report_to="none", seed=args.seed, loss_type="cispo",
@@ -539,7 +540,7 @@ class TrlSide:
             beta=0.0, temperature=1.0, use_vllm=False, max_steps=args.steps + args.warmup + 1,
             save_strategy="no", eval_strategy="no", logging_steps=1, use_cpu=device.type != "cuda", **options)
         peft_config = None
-        if args.lora and variant != "unsloth":  # Unsloth's model has its adapter (unsloth_model)
+        if args.lora and not unsloth:
             from peft import LoraConfig
 
             peft_config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
@@ -551,7 +552,7 @@ class TrlSide:
 
         self.trainer = GRPOTrainer(model=model, reward_funcs=zero_reward, args=config, train_dataset=dataset,
                                    processing_class=tokenizer, peft_config=peft_config)
-        if args.gradient_checkpointing and args.lora and variant != "unsloth":  # what Trainer.train does first
+        if args.gradient_checkpointing and args.lora and not unsloth:  # what Trainer.train does first
             self.trainer.model.enable_input_require_grads()
         # What Trainer's loop sets before each accumulation window; _compute_loss reads it.
         self.trainer.current_gradient_accumulation_steps = n_micro

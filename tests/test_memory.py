@@ -396,3 +396,27 @@ def test_each_steps_peak_gpu_memory_is_in_its_metrics(tmp_path, monkeypatch):
     assert records[1]["memory/peak_gib"] == 3.0 and records[1]["memory/reserved_peak_gib"] == 4.5
     assert logs["memory/peak_gib"] == 3.0  # wandb's callback reads the same logs
     assert peaks == {"allocated": 0, "reserved": 0}
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_with_cuda_graphs_the_pass_is_the_padded_row(measured):
+    """``torch_compile_mode = "reduce-overhead"``: the trainer pads every packed pass to the token
+    budget's bucket (``packing.pad_to_buckets``), so the estimate's pass is that row, with or without
+    a pre-flight's lengths, and the trained tokens stay the unpadded pass's."""
+    from vf_rl.memory import pass_tokens
+    from vf_rl.trainer.packing import bucket
+
+    a = {"micro_batch_size": 8, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
+         "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True,
+         "torch_compile": True}
+    lengths = (1, 228.0, 128.0, 100.0) if measured else ()
+    plain = pass_tokens(a, *lengths)
+    graphs = pass_tokens({**a, "torch_compile_mode": "reduce-overhead"}, *lengths)
+    budget = 8 * (228 if measured else 512)
+    samples = [Sample(input_ids=[10 + g] * 100 + [5] * 128, loss_mask=[0] * 100 + [1] * 128,
+                      sampling_logprobs=[0.0] * 228, advantage=1.0, group=g, prompt_len=100)
+               for g in range(16) for _ in range(8)]
+    rows = {mb.input_ids.shape[1] for mb in plan_micro_batches(samples, 1, 0, 8, budget, True, 0, True, bucketed=True)}
+    assert graphs[1] == plain[1] and graphs[0] > plain[0] - 1
+    assert graphs[0] == (max(rows) if measured else bucket(budget + 1, 64)) > budget
+    assert pass_tokens({**a, "torch_compile_mode": "max-autotune-no-cudagraphs"}, *lengths) == plain

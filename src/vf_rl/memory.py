@@ -223,14 +223,28 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     with ``share_prompts``; padded, ``micro_batch_size`` samples. Lengths are per-sample means
     in tokens (a pre-flight's measurement: the whole sample, its completions, its first prompt);
     without them each sample is the bound ``max_seq_len`` and trains ``max_tokens`` (unset: the
-    environment's limit, bounded by the sample). With CUDA graphs (``torch_compile_mode``) a packed
-    pass is padded up to a bucket size."""
+    environment's limit, bounded by the sample). With CUDA graphs (``torch_compile_mode``) the
+    pass is the packed row padded to the budget's bucket (``packing.pad_to_buckets``)."""
+    from vf_rl.config.args import CUDA_GRAPH_MODES
+
     micro, max_seq_len = int(a["micro_batch_size"]), int(a["max_seq_len"])
     sample = min(float(mean_sample_tokens or max_seq_len), max_seq_len)
     trained = min(float(mean_trained_tokens or a["max_tokens"] or sample), sample)  # max_tokens None: up to the sample
-    if not mean_sample_tokens:
-        tokens = int(a["micro_batch_tokens"] or micro * max_seq_len)
-        return tokens, min(tokens, round(tokens / sample * trained))
+    budget = int(a["micro_batch_tokens"] or micro * math.ceil(sample))
+    tokens, trained = _unpadded_pass(a, processes, micro, sample, trained, budget, bool(mean_sample_tokens),
+                                     mean_prompt_tokens)
+    if a.get("torch_compile") and a.get("torch_compile_mode") in CUDA_GRAPH_MODES:
+        from vf_rl.trainer.packing import bucket
+
+        tokens = bucket(max(tokens, budget) + 1, 64)  # at least one padding segment
+    return tokens, trained
+
+
+def _unpadded_pass(a: dict, processes: int, micro: int, sample: float, trained: float, budget: int, measured: bool,
+                   mean_prompt_tokens: float | None) -> tuple[int, int]:
+    """:func:`pass_tokens` before any CUDA-graph padding."""
+    if not measured:
+        return budget, min(budget, round(budget / sample * trained))
     rollouts = max(-(-int(a["batch_size"]) // max(processes, 1)), 1)
     prompt = min(float(mean_prompt_tokens or 0.0), sample - trained)
     if not a.get("padding_free", True):
@@ -238,13 +252,8 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
         return round(n * sample), round(n * trained)
     groups = -(-rollouts // max(int(a["rollouts_per_example"]), 1)) if a.get("share_prompts", True) else rollouts
     batch = rollouts * (sample - prompt) + groups * prompt  # the process's share, packed
-    tokens = min(int(a["micro_batch_tokens"] or micro * math.ceil(sample)), round(batch))
-    trained = min(tokens, round(tokens * rollouts * trained / batch))
-    if a.get("torch_compile") and a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
-        from vf_rl.trainer.packing import bucket
-
-        tokens = bucket(tokens + 1, 64)  # CUDA graphs: the row padded to a bucket (packing.pad_to_buckets)
-    return tokens, trained
+    tokens = min(budget, round(batch))
+    return tokens, min(tokens, round(tokens * rollouts * trained / batch))
 
 
 def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens: float | None = None,

@@ -23,6 +23,9 @@ OLDER_NAMES = {"num_generations": "rollouts_per_example", "num_batches_ahead": "
 on both paths and mapped to the current key."""
 REFUSED_NAMES = {"num_iterations": "each batch gets one optimizer step (num_iterations = 1); remove the key"}
 """Older key names with no current key of that meaning: refused with this hint."""
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""``torch_compile_mode`` values that replay CUDA graphs: the trainer then compiles the decoder
+stack as one region (``trainer/model.py: compile_stack``) and pads micro batches to a few shapes."""
 
 
 @dataclass

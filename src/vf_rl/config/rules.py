@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from .args import SAMPLING_DEFAULTS, RLArgs, rl_fields
+from .args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
 from .choices import run_choices
 from .training_arguments import training_arguments_types
 
@@ -178,7 +178,7 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     if a.get("tiled_mlp") and a["use_lora"] and a["lora_dropout"] > 0:
         raise ConfigError(f"{p}tiled_mlp = true needs {p}lora_dropout = 0 (the backward pass recomputes each MLP "
                           f"tile, which would draw new dropout masks); this run has {a['lora_dropout']}")
-    if a["torch_compile"] and a.get("torch_compile_mode") in ("reduce-overhead", "max-autotune"):
+    if a["torch_compile"] and a.get("torch_compile_mode") in CUDA_GRAPH_MODES:
         _check_cuda_graphs(a, world_size, p)
     if a["torch_compile"] and a.get("deepspeed"):
         raise ConfigError(f"{p}torch_compile = true is not supported with deepspeed (its ZeRO-3 hooks gather "
@@ -221,8 +221,7 @@ def _check_cuda_graphs(a: dict[str, Any], world_size: int, p: str) -> None:
         raise ConfigError(f"{mode} runs with one trainer process; this run has {world_size} (trainer.gpus * "
                           "trainer.nodes): use 'default' or 'max-autotune-no-cudagraphs'")
     for key, why in (("gradient_checkpointing", "recomputes layers outside the graphs"),
-                     ("tiled_mlp", "runs each MLP's backward itself"),
-                     ("deepspeed", "gathers weights inside the layers")):
+                     ("tiled_mlp", "runs each MLP's backward itself")):
         if a.get(key):
             raise ConfigError(f"{mode} does not combine with {p}{key} ({key} {why}); unset one of them")
     if not a.get("padding_free", True):

@@ -9,6 +9,7 @@ import warnings
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
 
+from vf_rl.config.args import CUDA_GRAPH_MODES
 from vf_rl.config.rl_config import RLConfig
 
 
@@ -212,11 +213,6 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
     for layer in layers:
         layer.compile(backend=backend, mode=mode)
     return len(layers)
-
-
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-"""``torch_compile_mode`` values that replay CUDA graphs: the trainer then compiles the decoder
-stack as one region (:func:`compile_stack`) and pads micro batches to a few shapes."""
 
 
 def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> bool:

@@ -108,7 +108,7 @@ class RLTrainer(CheckpointingTrainer):
             self.cuda_graphs, what = compile_model(self.model, args.torch_compile_backend or "inductor",
                                                    args.torch_compile_mode)
             if self.is_world_process_zero():
-                print(f"torch_compile: {what} at its first forward (the first steps take longer)", flush=True)
+                print(f"torch_compile: {what} at the first forward (the first steps take longer)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         self.remove_callback(ProgressCallback)
