@@ -168,8 +168,8 @@ def _cpu_varlen():
 def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
-    model's for packed rows with shared prompts, and after the first change of lengths, rows of
-    new lengths and longest segments compile nothing new (the kernel's bounds come from the
+    model's for packed rows with shared prompts, and after the first micro batch, rows of new
+    lengths and longest segments compile nothing new (the kernel's bounds come from the
     row's symbolic sizes, not the layout's host ints)."""
     import copy
 
@@ -207,10 +207,31 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
             logits.float().pow(2).mean().backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
-        if i == 1:
-            frames = counter.frame_count  # the first shape, then dynamic shapes
+        if i == 0:
+            frames = counter.frame_count  # dynamic shapes from the first compile on
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counter.frame_count == frames == 2, "rows of new lengths compiled the layer again"
+    assert counter.frame_count == frames == 1, "rows of new lengths compiled the layer again"
+
+
+def test_the_stack_region_compiles_once_for_every_length():
+    """``compile_stack`` compiles the decoder stack with dynamic shapes from the first call: rows
+    of new lengths in later micro batches run the same graph (a static first compile would compile
+    the whole stack a second time at the first new length, minutes on a GPU)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vf_rl.trainer.model import compile_stack
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    counter = CompileCounterWithBackend("aot_eager")
+    assert compile_stack(model, counter)
+    frames = None  # the stack's frames after the first call (it graph-breaks on the CPU)
+    for length in (9, 14, 23, 6):
+        model(input_ids=torch.randint(0, 100, (1, length)), use_cache=False).logits.float().mean().backward()
+        frames = frames or counter.frame_count
+        assert frames > 0 and counter.frame_count == frames, f"a row of {length} tokens compiled the stack again"
 
 
 def test_the_stack_region_accumulates_gradients_as_eager_code():

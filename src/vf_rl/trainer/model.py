@@ -188,9 +188,11 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> int:
     """Regional ``torch.compile``: compile each decoder layer in place (``nn.Module.compile``).
 
-    One compiled graph serves every layer (same code, parameters as graph inputs), so the
-    first step compiles once per distinct input form (padded/packed, training/no-grad) and a
-    second time when shapes first change (dynamic shapes from then on). The layers' own
+    One compiled graph serves every layer (same code, parameters as graph inputs), with
+    dynamic shapes from the start (``dynamic=True``): the first step compiles once per distinct
+    input form (padded/packed, training/no-grad), and rows of new lengths in later steps compile
+    nothing (compiling for the first shape alone would compile everything again at the first new
+    length; RL batches change length every step). The layers' own
     modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
     see the eager model); the LM head and the log-prob kernels stay outside. The win is
     host time: a compiled layer launches a handful of fused kernels instead of dozens of
@@ -211,7 +213,7 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
         # a layer that fails to compile (an op inductor cannot lower) runs eagerly, with dynamo's warning
         torch._dynamo.config.suppress_errors = True
     for layer in layers:
-        layer.compile(backend=backend, mode=mode)
+        layer.compile(backend=backend, mode=mode, dynamic=True)
     return len(layers)
 
 
@@ -242,11 +244,12 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
         return False
     import torch._dynamo
 
-    # as compile_layers: room for each input form (training/no-grad, static then dynamic shapes),
-    # and what cannot compile runs eagerly, with dynamo's warning
+    # as compile_layers: room for each input form (training/no-grad), dynamic shapes from the start
+    # (one compile, then one recorded graph per padded shape), and what cannot compile runs
+    # eagerly, with dynamo's warning
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.suppress_errors = True
-    stack.compile(backend=backend, mode=mode)
+    stack.compile(backend=backend, mode=mode, dynamic=True)
     if mode in CUDA_GRAPH_MODES:
         trainable = [p for p in model.parameters() if p.requires_grad]
 
