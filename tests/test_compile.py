@@ -213,6 +213,39 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     assert counter.frame_count == frames == 1, "rows of new lengths compiled the layer again"
 
 
+def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(model_dir, tmp_path):
+    """``warmup.warm_up`` (what ``RLTrainer.train`` runs before the first step with
+    ``torch_compile``) compiles every graph a real step then runs, per-layer and as CUDA graphs
+    (aot_eager here): a step on a batch of other lengths and groups compiles nothing; the warm-up
+    leaves the weights, the gradients (none) and torch's RNG state as they were."""
+    from test_packing import group_samples
+    from torch._dynamo.utils import counters
+    from transformers import AutoTokenizer
+
+    from vf_rl.env_api import load_environment
+    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.trainer.warmup import warm_up
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    for name, mode in (("layers", None), ("graphs", "reduce-overhead")):
+        torch._dynamo.reset()
+        counters.clear()
+        trainer = _trainer(model_dir, tmp_path, name, tokenizer, env, torch_compile=True,
+                           torch_compile_backend="aot_eager", torch_compile_mode=mode)
+        weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        rng = torch.get_rng_state()
+        assert warm_up(trainer) is not None
+        compiled = counters["stats"]["unique_graphs"]
+        assert compiled > 0 and trainer.cuda_graphs == (mode is not None)
+        assert torch.equal(torch.get_rng_state(), rng)
+        assert all(p.grad is None for p in trainer.model.parameters())
+        assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
+        samples = group_samples([(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])], seed=3)
+        trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[], metrics={}))
+        assert counters["stats"]["unique_graphs"] == compiled, f"{name}: the first step compiled again"
+
+
 def test_the_stack_region_compiles_once_for_every_length():
     """``compile_stack`` compiles the decoder stack with dynamic shapes from the first call: rows
     of new lengths in later micro batches run the same graph (a static first compile would compile

@@ -185,9 +185,13 @@ def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, 
         sync.close()
 
 
-def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypatch, restore_base_weights):
+@pytest.mark.parametrize("shares_gpu", [False, True])
+def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypatch, restore_base_weights, capfd,
+                                                      shares_gpu):
     """RLTrainer with an overlapping transport (the nccl transport's code over gloo, chosen by
-    patching only the transport choice): each step after the first logs the push's own time
+    patching only the transport choice) and compiled layers (aot_eager): the layers compile on a
+    synthetic batch before the server is awaited (warmup.py), or after it answered when it starts
+    on the trainer's GPU (``server_shares_gpu``), each step after the first logs the push's own time
     (``timing/sync_push_s``) in the step that collects it, every batch after the first is one step off-policy, and the
     run ends with the push collected."""
     from vf_rl import RLConfig, RLTrainer
@@ -203,9 +207,13 @@ def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypa
     monkeypatch.setattr(trainer_module, "make_weight_sync", make)
     args = RLConfig(output_dir=str(tmp_path), use_cpu=True, vllm_server_port=server.port, batch_size=4,
                     rollouts_per_example=2, micro_batch_size=4, max_tokens=8, max_steps=3, learning_rate=1e-3,
-                    logging_steps=1, save_steps=100, report_to=[])
+                    logging_steps=1, save_steps=100, report_to=[], torch_compile=True, torch_compile_backend="aot_eager")
     env = load_environment("reverse-text", source="offline", num_train_examples=8, num_eval_examples=1)
-    RLTrainer(model=server.model, env=env, args=args, served_model_name=server.model).train()
+    RLTrainer(model=server.model, env=env, args=args, served_model_name=server.model, server_shares_gpu=shares_gpu).train()
+    out = capfd.readouterr().out
+    compiled = r"torch_compile: compiled in [0-9.]+ s on a synthetic batch of \d+ tokens\n"
+    assert re.search(r"Weight sync: .*\n" + compiled if shares_gpu else compiled + "Waiting for vf-vllm", out), out
+    assert len(re.findall(compiled, out)) == 1, out
     steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
     assert len(steps) == 3 and len(made) == 1 and made[0]._pusher is None  # closed after the last push
     # step 2 starts a push while it trains, step 3 collects it (and starts its own, collected at the end)

@@ -50,6 +50,7 @@ from .orchestrator_process import begin_orchestrator, orchestrator_options, star
 from .packing import plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
 from .tiling import tile_mlps
+from .warmup import warm_up
 from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
 
@@ -64,6 +65,7 @@ class RLTrainer(CheckpointingTrainer):
         processing_class: the tokenizer (loaded from ``model`` if omitted).
         loss_fn: the policy loss (``loss.py``); default the one ``args.loss_type`` names.
         advantage_fn: rewards to advantages (``advantage.py``); default ``args.advantage_type``'s.
+        server_shares_gpu: vLLM starts on this GPU too (``[inference] shared``): compile after it (warmup.py).
 
     The inference server (vf-vllm) must serve the same base model at
     ``args.vllm_server_host:vllm_server_port``; ``train()`` waits for it up to
@@ -93,6 +95,7 @@ class RLTrainer(CheckpointingTrainer):
         if args.tiled_mlp:  # before compiling: a compiled layer calls the tiled MLP eagerly (tiling.py)
             print(f"tiled_mlp: {tile_mlps(model)} MLPs run in tiles", flush=True)
         self.served_model_name = kwargs.pop("served_model_name", model_id)
+        self.server_shares_gpu = kwargs.pop("server_shares_gpu", False)
         with_eval = evaluating(args) or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},
                          train_dataset=StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
@@ -108,7 +111,7 @@ class RLTrainer(CheckpointingTrainer):
             self.cuda_graphs, what = compile_model(self.model, args.torch_compile_backend or "inductor",
                                                    args.torch_compile_mode)
             if self.is_world_process_zero():
-                print(f"torch_compile: {what} at the first forward (the first steps take longer)", flush=True)
+                print(f"torch_compile: {what} before the first step (warmup.py)", flush=True)
         self.loss_fn = loss_fn or get_loss(args.loss_type)
         self.advantage_fn = advantage_fn or get_advantage(args.advantage_type)
         self.remove_callback(ProgressCallback)
@@ -134,7 +137,8 @@ class RLTrainer(CheckpointingTrainer):
     # --- the loop ---------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """Wait for the inference server, start the orchestrator, then run ``Trainer.train``.
+        """Compile on a synthetic batch (``torch_compile``, warmup.py) while the inference server
+        starts, wait for it, start the orchestrator, then run ``Trainer.train``.
 
         Args:
             resume_from_checkpoint: ``True`` (the last checkpoint in ``output_dir``) or a path;
@@ -152,21 +156,26 @@ class RLTrainer(CheckpointingTrainer):
             print(f"Trainer: {a.world_size} process(es), main on {a.device}", flush=True)
             if a.orchestrator_process:  # its imports and the environment's rebuild, while the server starts
                 begun = begin_orchestrator(self.env, self._rows, **orchestrator_options(a, self.servers, self.advantage_fn))
-            print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
-            up_s, asked = time.time() - psutil.Process().create_time(), time.perf_counter()
-            try:
+        try:
+            if a.torch_compile and not self.server_shares_gpu:  # compile while the server starts (warmup.py)
+                warm_up(self)
+            if self.is_world_process_zero():
+                print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
+                up_s, asked = time.time() - psutil.Process().create_time(), time.perf_counter()
                 for server in self.servers:
                     server.wait_until_ready(a.vllm_server_timeout)
-            except BaseException:
-                if begun is not None:
-                    begun.close()
-                raise
-            # where a run's start goes: the trainer's own start against the wait for vLLM's
-            print(f"vf-vllm ready: the trainer process ran {up_s:.1f} s before it asked, then waited "
-                  f"{time.perf_counter() - asked:.1f} s", flush=True)
+        except BaseException:
+            if begun is not None:
+                begun.close()
+            raise
         self._started = time.perf_counter()  # timing/elapsed_s: training time, not the server's start-up
         if self.is_world_process_zero():
+            # where a run's start goes: the trainer's own start against the wait for vLLM's
+            print(f"vf-vllm ready: the trainer process ran {up_s:.1f} s before it asked, then waited "
+                  f"{self._started - asked:.1f} s", flush=True)
             self._start_inference_side(begun)
+        if a.torch_compile and self.server_shares_gpu:  # after vLLM measured its memory, while batch 1 generates
+            warm_up(self)
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)
         finally:
