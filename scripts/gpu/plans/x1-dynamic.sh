@@ -1,7 +1,9 @@
 #!/bin/bash
 # One GPU, ~20 minutes: the trainer's compile with dynamic shapes from the first step (trainer/model.py,
 # dynamic=True), replacing the compile for the first shape and the second, dynamic one at the first new length
-# (benchmarks/RESULTS.md, al). Every run starts with empty inductor and Triton caches of its own.
+# (benchmarks/RESULTS.md, al), and the compile on a synthetic batch before the first step (trainer/warmup.py; on one
+# shared GPU once vLLM is up, so the learning runs show step 1 without its compile, not the start overlapped: that is
+# plans/x2-warmup.sh). Every run starts with empty inductor and Triton caches of its own.
 #   0 (~1 min): scripts/gpu/cudagraph_accum_check.py (accumulation, packed layouts) with the stack now dynamic
 #   1 (~8 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes per side after step 1, the
 #     per-layer default then the CUDA-graph mode: the training time of steps 1-3 (al: 21.1, 19.1, 0.26 s per-layer;
