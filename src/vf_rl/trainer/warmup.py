@@ -3,7 +3,8 @@
 With ``torch_compile`` the decoder layers (or the stack, as CUDA graphs) compile at their first
 forward and backward. ``RLTrainer.train`` runs those on a small synthetic batch before the first
 step: while vf-vllm starts when the trainer has GPUs of its own, else (one GPU for both) once
-vLLM has measured its memory, while the first batch generates. Step 1 then trains at once instead
+vLLM is up, while the first batch generates (vLLM sizes its KV cache from the GPU's used memory
+as it starts, other processes' allocations counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead
 of compiling after its rollouts arrive (on an H200, 21 s per-layer, 111 s as CUDA graphs for
 SmolLM2-135M; benchmarks/RESULTS.md, al).
 
