@@ -35,6 +35,11 @@ class Sample:
     prompt_len: int = 0
 
 
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The token ids of ``messages`` under the tokenizer's chat template, generation prompt added."""
+    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=False))
+
+
 def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | None = None) -> list[dict]:
     """The rows of ``dataset`` whose templated prompt (chat template, generation prompt added)
     fits ``max_prompt_len`` tokens, each with its dataset index as ``row_id``; shuffled once by
@@ -45,8 +50,7 @@ def prompt_rows(dataset, tokenizer, max_prompt_len: int, shuffle_seed: int | Non
     rows = []
     for i, row in enumerate(dataset):
         row = {**row, "prompt": prompt_messages(row["prompt"])}  # a plain-string prompt is one user message
-        ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True, return_dict=False)
-        if len(ids) <= max_prompt_len:
+        if len(prompt_ids(tokenizer, row["prompt"])) <= max_prompt_len:
             rows.append({**row, "row_id": i})
     if shuffle_seed is not None:
         random.Random(shuffle_seed).shuffle(rows)

@@ -205,16 +205,21 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
         the number of layers compiled.
     """
     layers = decoder_layers(model)
-    if layers:
-        import torch._dynamo
-
-        # every distinct input form of one layer class is a cache entry of the same code
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        # a layer that fails to compile (an op inductor cannot lower) runs eagerly, with dynamo's warning
-        torch._dynamo.config.suppress_errors = True
     for layer in layers:
-        layer.compile(backend=backend, mode=mode, dynamic=True)
+        _compile_region(layer, backend, mode)
     return len(layers)
+
+
+def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> None:
+    """``module.compile`` with dynamic shapes from the first call, room in dynamo's cache for
+    every input form (each distinct form of one layer class is an entry of the same code:
+    training/no-grad, packed/padded), and what cannot compile (an op inductor cannot lower)
+    running eagerly, with dynamo's warning."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    torch._dynamo.config.suppress_errors = True
+    module.compile(backend=backend, mode=mode, dynamic=True)
 
 
 def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> bool:
@@ -242,14 +247,7 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
     stack = base.get_decoder() if hasattr(base, "get_decoder") else None
     if stack is None or stack is base:
         return False
-    import torch._dynamo
-
-    # as compile_layers: room for each input form (training/no-grad), dynamic shapes from the start
-    # (one compile, then one recorded graph per padded shape), and what cannot compile runs
-    # eagerly, with dynamo's warning
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    torch._dynamo.config.suppress_errors = True
-    stack.compile(backend=backend, mode=mode, dynamic=True)
+    _compile_region(stack, backend, mode)  # one compile, then one recorded graph per padded shape
     if mode in CUDA_GRAPH_MODES:
         trainable = [p for p in model.parameters() if p.requires_grad]
 

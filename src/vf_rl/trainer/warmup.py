@@ -4,9 +4,9 @@ With ``torch_compile`` the decoder layers (or the stack, as CUDA graphs) compile
 forward and backward. ``RLTrainer.train`` runs those on a small synthetic batch before the first
 step: while vf-vllm starts when the trainer has GPUs of its own, else (one GPU for both) once
 vLLM is up, while the first batch generates (vLLM sizes its KV cache from the GPU's used memory
-as it starts, other processes' allocations counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead
-of compiling after its rollouts arrive (on an H200, 21 s per-layer, 111 s as CUDA graphs for
-SmolLM2-135M; benchmarks/RESULTS.md, al).
+as it starts, other processes' allocations counted as its own: ``vllm/utils/mem_utils.py``).
+Step 1 then trains at once instead of compiling after its rollouts arrive (on an H200, 21 s
+per-layer, 111 s as CUDA graphs for SmolLM2-135M; benchmarks/RESULTS.md, al).
 
 The layers compile with dynamic shapes (``model.py``), so a batch of any lengths compiles the
 graphs that real batches reuse; what has to match is the input form (packed or padded rows,
@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .batching import Sample
+from .batching import Sample, prompt_ids
 from .orchestrator import Batch
 
 COMPLETION_TOKENS = (5, 17, 33, 64)  # different lengths, so micro batches pack as real ones do
@@ -38,9 +38,7 @@ def synthetic_batch(rows: list[dict], tokenizer, max_seq_len: int, max_tokens: i
     """
     samples = []
     for g, row in enumerate(rows[:groups]):
-        ids = tokenizer.apply_chat_template(row["prompt"], tokenize=True, add_generation_prompt=True,
-                                            return_dict=False)
-        prompt = list(ids)[-max(max_seq_len // 2, 1):]
+        prompt = prompt_ids(tokenizer, row["prompt"])[-max(max_seq_len // 2, 1):]
         for i in range(min(rollouts_per_example, 4)):
             n = max(1, min(COMPLETION_TOKENS[i], max_tokens or COMPLETION_TOKENS[i], max_seq_len - len(prompt)))
             completion = [prompt[(i + j) % len(prompt)] for j in range(n)]
