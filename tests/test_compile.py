@@ -168,9 +168,10 @@ def _cpu_varlen():
 def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
-    model's for packed rows with shared prompts, and after the first micro batch, rows of new
-    lengths and longest segments compile nothing new (the kernel's bounds come from the
-    row's symbolic sizes, not the layout's host ints)."""
+    model's for packed rows with shared prompts, and once a second micro batch of other sizes has
+    compiled the layer with dynamic sizes, rows of new lengths and longest segments compile
+    nothing new (the kernel's bounds come from the row's symbolic sizes, not the layout's host
+    ints)."""
     import copy
 
     from test_packing import group_samples
@@ -207,16 +208,16 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
             logits.float().pow(2).mean().backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
-        if i == 0:
-            frames = counter.frame_count  # dynamic shapes from the first compile on
+        if i == 1:
+            frames = counter.frame_count  # the first sizes, then the sizes that changed as dynamic
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counter.frame_count == frames == 1, "rows of new lengths compiled the layer again"
+    assert counter.frame_count == frames == 2, "rows of new lengths compiled the layer again"
 
 
 def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(model_dir, tmp_path):
     """``warmup.warm_up`` (what ``RLTrainer.train`` runs before the first step with
     ``torch_compile``) compiles every graph a real step then runs, per-layer and as CUDA graphs
-    (aot_eager here): a step on a batch of other lengths and groups compiles nothing; the warm-up
+    (aot_eager here): steps on batches of other lengths, groups and sample counts compile nothing; the warm-up
     leaves the weights, the gradients (none) and torch's RNG state as they were."""
     from test_packing import group_samples
     from torch._dynamo.utils import counters
@@ -241,15 +242,16 @@ def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(mode
         assert torch.equal(torch.get_rng_state(), rng)
         assert all(p.grad is None for p in trainer.model.parameters())
         assert all(torch.equal(p, weights[n]) for n, p in trainer.model.named_parameters())
-        samples = group_samples([(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])], seed=3)
-        trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[], metrics={}))
-        assert counters["stats"]["unique_graphs"] == compiled, f"{name}: the first step compiled again"
+        for seed, spec in enumerate(([(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])], [(12, [2, 30, 9]), (3, [6, 5]), (8, [40])])):
+            samples = group_samples(spec, seed=seed)
+            trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[], metrics={}))
+            assert counters["stats"]["unique_graphs"] == compiled, f"{name}: step {seed + 1} compiled again"
 
 
-def test_the_stack_region_compiles_once_for_every_length():
-    """``compile_stack`` compiles the decoder stack with dynamic shapes from the first call: rows
-    of new lengths in later micro batches run the same graph (a static first compile would compile
-    the whole stack a second time at the first new length, minutes on a GPU)."""
+def test_the_stack_region_compiles_twice_then_never_again():
+    """``compile_stack`` compiles the decoder stack for its first row length, then once more at the
+    second with the length dynamic; rows of any later length run that graph (each new length
+    compiled on its own would cost minutes on a GPU)."""
     from torch._dynamo.testing import CompileCounterWithBackend
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -260,11 +262,44 @@ def test_the_stack_region_compiles_once_for_every_length():
                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
     counter = CompileCounterWithBackend("aot_eager")
     assert compile_stack(model, counter)
-    frames = None  # the stack's frames after the first call (it graph-breaks on the CPU)
-    for length in (9, 14, 23, 6):
+    seen = []  # the stack's frames after each call (it graph-breaks on the CPU)
+    for length in (9, 14, 23, 6, 31):
         model(input_ids=torch.randint(0, 100, (1, length)), use_cache=False).logits.float().mean().backward()
-        frames = frames or counter.frame_count
-        assert frames > 0 and counter.frame_count == frames, f"a row of {length} tokens compiled the stack again"
+        seen.append(counter.frame_count)
+    assert 0 < seen[0] < seen[1], "the second length ran the first length's static graph"
+    assert seen[1:] == [seen[1]] * 4, f"later lengths compiled the stack again: {seen}"
+
+
+def test_lora_layers_share_one_compiled_graph():
+    """With LoRA the input embeddings are frozen, so the first layer's input would not require
+    grad and the layers' shared code would compile a second graph for it: ``compile_layers`` makes
+    the embeddings' output require grad, so one graph serves every layer, while the embedding
+    weights stay frozen and the adapter's gradients equal the eager model's."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vf_rl.trainer.model import compile_layers
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    eager = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    compiled = copy.deepcopy(eager)
+    counter = CompileCounterWithBackend("aot_eager")
+    assert compile_layers(compiled, counter) == 3
+    ids = torch.randint(0, 100, (2, 9))
+    grads = []
+    for model in (eager, compiled):
+        model(input_ids=ids, use_cache=False).logits.float().pow(2).mean().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    assert counter.frame_count == 1, "the first layer compiled a graph of its own"
+    assert not compiled.get_input_embeddings().weight.requires_grad
+    assert grads[1].keys() == grads[0].keys() and any("lora_A" in n for n in grads[0])
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7)
 
 
 def test_the_stack_region_accumulates_gradients_as_eager_code():

@@ -188,11 +188,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> int:
     """Regional ``torch.compile``: compile each decoder layer in place (``nn.Module.compile``).
 
-    One compiled graph serves every layer (same code, parameters as graph inputs), with
-    dynamic shapes from the start (``dynamic=True``): the first step compiles once per distinct
-    input form (padded/packed, training/no-grad), and rows of new lengths in later steps compile
-    nothing (compiling for the first shape alone would compile everything again at the first new
-    length; RL batches change length every step). The layers' own
+    One compiled graph serves every layer (same code, parameters as graph inputs): the first
+    pass compiles it for its shapes, the first pass of other lengths once more with those sizes
+    dynamic (dynamo's automatic dynamic shapes), and later lengths reuse that graph
+    (``warmup.py`` runs both before the first step). With frozen input embeddings (LoRA) their
+    output is made to require grad, so the first layer's input is like every other layer's and
+    the layers share one graph instead of compiling a second one for it. The layers' own
     modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
     see the eager model); the LM head and the log-prob kernels stay outside. The win is
     host time: a compiled layer launches a handful of fused kernels instead of dozens of
@@ -205,21 +206,27 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
         the number of layers compiled.
     """
     layers = decoder_layers(model)
+    base = base_model(model)
+    embeddings = base.get_input_embeddings() if layers and hasattr(base, "get_input_embeddings") else None
+    if embeddings is not None and not any(p.requires_grad for p in embeddings.parameters()):
+        base.enable_input_require_grads()  # one output hook; the embedding weights stay frozen
     for layer in layers:
         _compile_region(layer, backend, mode)
     return len(layers)
 
 
 def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> None:
-    """``module.compile`` with dynamic shapes from the first call, room in dynamo's cache for
-    every input form (each distinct form of one layer class is an entry of the same code:
-    training/no-grad, packed/padded), and what cannot compile (an op inductor cannot lower)
-    running eagerly, with dynamo's warning."""
+    """``module.compile`` with room in dynamo's cache for every input form (each distinct form of
+    one layer class is an entry of the same code: training/no-grad, packed/padded, static then
+    dynamic sizes), and what cannot compile (an op inductor cannot lower) running eagerly, with
+    dynamo's warning. Sizes turn dynamic only once they change (``dynamic=None``): compiled
+    ``dynamic=True`` from the first call, the stack as CUDA graphs crashed (SIGSEGV) on an H200
+    with torch 2.11, and the layers took longer to compile (benchmarks/RESULTS.md, am)."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.suppress_errors = True
-    module.compile(backend=backend, mode=mode, dynamic=True)
+    module.compile(backend=backend, mode=mode)
 
 
 def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> bool:
@@ -247,7 +254,7 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
     stack = base.get_decoder() if hasattr(base, "get_decoder") else None
     if stack is None or stack is base:
         return False
-    _compile_region(stack, backend, mode)  # one compile, then one recorded graph per padded shape
+    _compile_region(stack, backend, mode)  # static, then dynamic sizes; one recorded graph per padded shape
     if mode in CUDA_GRAPH_MODES:
         trainable = [p for p in model.parameters() if p.requires_grad]
 

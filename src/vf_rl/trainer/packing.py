@@ -126,15 +126,18 @@ def should_pack(samples: list[Sample], share_prompts: bool = False, min_saving: 
 
 def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int,
                        micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int,
-                       padding_free: bool = True, bucketed: bool = False) -> list[MicroBatch]:
+                       padding_free: bool = True, bucketed: bool = False,
+                       always_pack: bool = False) -> list[MicroBatch]:
     """This process's micro batches of a batch (host tensors).
 
     ``padding_free``: samples are packed greedily by a token budget (``micro_batch_tokens``,
     else :func:`default_token_budget` of the whole batch, the same on every process; see
     :func:`pack_for_rank`); each micro batch then runs packed (:func:`packed_micro_batch`) when
-    :func:`should_pack`, else padded (:func:`padded_micro_batch`). With ``bucketed`` (CUDA
-    graphs, which replay one recorded graph per input shape) every micro batch runs packed, padded
-    to bucket sizes (:func:`pad_to_buckets`). Otherwise: this process's shard
+    :func:`should_pack`, else padded (:func:`padded_micro_batch`), or always packed with
+    ``always_pack`` (compiled layers: one input form, so one graph to compile; packed rows never
+    hold more tokens than padded ones). With ``bucketed`` (CUDA graphs, which replay one recorded
+    graph per input shape) every micro batch runs packed, padded to bucket sizes
+    (:func:`pad_to_buckets`). Otherwise: this process's shard
     (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
     if not padding_free:
@@ -147,7 +150,7 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
     packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
     if bucketed:
         return [pad_to_buckets(packed_micro_batch(p, share_prompts), pad_token_id, budget) for p in packs]
-    return [packed_micro_batch(p, share_prompts) if should_pack(p, share_prompts) else
+    return [packed_micro_batch(p, share_prompts) if always_pack or should_pack(p, share_prompts) else
             padded_micro_batch(p, pad_token_id) for p in packs]
 
 
@@ -180,8 +183,9 @@ class PackedLayout:
     Attributes:
         cu_q: ``[S + 1]`` int32, segment boundaries of the queries in the packed row.
         cu_k: ``[S + 1]`` int32, segment boundaries of the gathered keys.
-        key_index: ``[K]`` long, packed-row position of each gathered key, or None when the
-            keys are the row itself (no shared prompts: ``cu_k == cu_q``).
+        key_index: ``[K]`` long, packed-row position of each gathered key (the identity when no
+            sample of the micro batch shares a prompt: one input form for compiled code), or
+            None without ``share_prompts`` (the keys are the row itself, ``cu_k == cu_q``).
         max_q: longest query segment (host int).
         max_k: longest key segment (host int).
         segments: host copy, ``(q_start, q_end, k_start, k_end)`` per segment.
@@ -261,7 +265,6 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
     ``M`` targets in row-major order of ``valid``."""
     ids, positions, pos_maps = [], [], []
     q_segments, k_index, k_bounds = [], [], [0]
-    share_k_index = False
     prev, prompt_at = None, 0  # the previous sample, and where its prompt starts in the row
     for s in samples:
         L = len(s.input_ids)
@@ -272,7 +275,6 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
             positions += range(p, L)
             pos_maps.append(list(range(prompt_at, prompt_at + p)) + list(range(start, start + L - p)))
             k_index += list(range(prompt_at, prompt_at + p)) + list(range(start, start + L - p))
-            share_k_index = True
         else:
             prompt_at = start
             ids += s.input_ids
@@ -301,7 +303,7 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
     layout = PackedLayout(
         cu_q=torch.tensor([0] + [q1 for _, q1 in q_segments], dtype=torch.int32),
         cu_k=torch.tensor(k_bounds, dtype=torch.int32),
-        key_index=torch.tensor(k_index, dtype=torch.long) if share_k_index else None,
+        key_index=torch.tensor(k_index, dtype=torch.long) if share_prompts else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
     return MicroBatch(input_ids=torch.tensor([ids], dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),

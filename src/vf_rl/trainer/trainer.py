@@ -137,7 +137,7 @@ class RLTrainer(CheckpointingTrainer):
     # --- the loop ---------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs):
-        """Compile on a synthetic batch (``torch_compile``, warmup.py) while the inference server
+        """Compile on synthetic batches (``torch_compile``, warmup.py) while the inference server
         starts, wait for it, start the orchestrator, then run ``Trainer.train``.
 
         Args:
@@ -334,7 +334,7 @@ class RLTrainer(CheckpointingTrainer):
         # forward, so no copy or host read waits for queued GPU work inside the loop
         on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
                                      a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id,
-                                     a.padding_free, bucketed=self.cuda_graphs)  # packed or padded (packing.py)
+                                     a.padding_free, self.cuda_graphs, always_pack=bool(a.torch_compile))
         trained_tokens = sum(mb.tokens for mb in on_host)
         my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
         on_device = [mb.to(a.device) for mb in on_host]
