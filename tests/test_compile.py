@@ -169,9 +169,9 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
     model's for packed rows with shared prompts, and once a second micro batch of other sizes has
-    compiled the layer with dynamic sizes, rows of new lengths and longest segments compile
-    nothing new (the kernel's bounds come from the row's symbolic sizes, not the layout's host
-    ints)."""
+    compiled the layer with dynamic sizes, rows of new lengths and longest segments, and a row
+    whose samples share no prompt (its keys gathered by an identity index), compile nothing new
+    (the kernel's bounds come from the row's symbolic sizes, not the layout's host ints)."""
     import copy
 
     from test_packing import group_samples
@@ -195,8 +195,9 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     counter = CompileCounterWithBackend("aot_eager")
     counters.clear()
     assert compile_layers(compiled, counter) == 3
-    specs = ([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], [(7, [3, 9, 2, 5]), (11, [4, 4, 6, 1])],
-             [(6, [8, 1, 3, 2]), (4, [9, 7, 2, 5])], [(12, [2, 2, 9, 3]), (3, [6, 5, 8, 4])])
+    specs = ([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], [(7, [3, 9, 2]), (11, [4, 4, 6, 1])],
+             [(6, [8, 1, 3, 2]), (4, [9, 7, 2, 5])], [(12, [2, 2, 9, 3]), (3, [6, 5, 8, 4])],
+             [(6, [8]), (9, [3]), (4, [5])])  # the last shares no prompt: its keys are gathered all the same
     for i, spec in enumerate(specs):
         mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True)
         assert mb.layout.key_index is not None  # shared prompts: keys gathered inside the graph
