@@ -225,6 +225,10 @@ def parse_args(argv=None):
     p.add_argument("--vf-liger", action="store_true",
                    help="eager vf-rl sides: liger-kernel's RMSNorm/RoPE/SwiGLU (use_liger with torch_compile = false); "
                         "liger's RoPE patch is module-wide, so TRL gets it too; refused with a compiled vf-rl side")
+    p.add_argument("--gpu-gib", type=float, default=None,
+                   help="cap this process's GPU memory at this many GiB (torch.cuda.set_per_process_memory_fraction): "
+                        "a smaller GPU's limit on a larger one, e.g. 79 for an 80 GB H100 on an H200 (the CUDA "
+                        "context's ~0.5 GiB is outside the cap); the device field says so")
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
@@ -932,6 +936,10 @@ def main(argv=None):
     dtype = torch.bfloat16 if device.type == "cuda" or args.bf16 else torch.float32
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
+        if args.gpu_gib:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(args.gpu_gib * 2**30 / total, 1.0), device)
+            device_name += f" (memory capped at {args.gpu_gib:g} GiB)"
     else:
         device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
     peak_flops = next((v for k, v in PEAK_FLOPS.items() if k in device_name), None) if device.type == "cuda" else None
