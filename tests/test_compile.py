@@ -306,7 +306,8 @@ def test_lora_layers_share_one_compiled_graph():
 def test_the_stack_region_accumulates_gradients_as_eager_code():
     """scripts/gpu/cudagraph_accum_check.py runs the trainer's ``compile_stack`` as CUDA graphs over
     micro batches with accumulated gradients against eager code, then packed micro batches of
-    different layouts padded to one shape against the stack compiled without CUDA graphs; on the
+    different layouts padded to one shape, then of three shapes (compiled static, then dynamic,
+    then nothing more), against the stack compiled without CUDA graphs; on the
     CPU inductor skips the CUDA graphs, so this checks the stack region, the padding, the script
     itself (the GPU run checks the graphs) and that every trainable parameter has a ``.grad``
     before each backward (without one, a replayed backward graph overwrites the gradient)."""
@@ -319,8 +320,10 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
                          timeout=900)
     assert out.returncode == 0, out.stdout[-1000:] + out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 6 and all("2 micro batches on cpu" in line for line in lines[:3])
-    assert all("2 packed micro batches of one shape" in line for line in lines[3:])
+    assert len(lines) == 9 and all("2 micro batches on cpu" in line for line in lines[:3])
+    assert all("2 packed micro batches of one shape" in line for line in lines[3:6])
+    assert all("packed micro batches of shapes (N, S + 1, K) [(128, 5, 144), (256, 9, 288), (512, 17, 576)]" in line
+               for line in lines[6:])
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
 
 

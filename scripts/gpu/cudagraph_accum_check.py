@@ -13,11 +13,19 @@
    trainer's log-probs (``logprobs.packed_policy_logprobs``) and accumulated gradients as CUDA graphs
    against the same stack compiled without them (bf16 on a GPU, FlashAttention varlen), relative L2
    difference under ``--layout-tol``: a layout baked into the graph would show here.
+3. Sizes: packed micro batches padded to three different shapes (row length, segment count,
+   gathered keys), one after the other in every step, on a freshly compiled stack: the first
+   compiles for its sizes, the second compiles once more with the sizes dynamic (what the
+   trainer's warm-up does before step 1, ``warmup.py``), the third and every later step compile
+   nothing more (dynamo's ``unique_graphs``) and replay.
+   Log-probs and accumulated gradients as CUDA graphs against the same stack without them, under
+   ``--layout-tol``.
 
 On the CPU inductor skips CUDA graphs (the check then covers the compiled stack, the padding, and
 that every trainable parameter has a ``.grad`` before each backward).
 
     python scripts/gpu/cudagraph_accum_check.py [--micro-batches 4] [--tol 1e-4] [--layout-tol 1e-2]
+    [--parts accumulation,layouts,sizes]
 Exit code 1 when a difference is above its tolerance.
 """
 
@@ -78,25 +86,32 @@ def accumulation(device: str, micro_batches: int, tol: float) -> bool:
     return True
 
 
-def packed_batches(count: int) -> list:
-    """``count`` (at most 5) packed micro batches of two groups each (prompt lengths summing to 30,
-    so the gathered keys match), lengths differing, padded to one bucket shape."""
+def packed_batches(count: int, sizes: bool = False) -> list:
+    """``count`` (at most 5) packed micro batches of two groups each, lengths differing: with
+    prompt lengths summing to 30 (the gathered keys match) padded to one bucket shape, or with
+    ``sizes`` two groups more per micro batch and longer completions each time, padded to a budget
+    doubling each time (three micro batches: three shapes)."""
     g = torch.Generator().manual_seed(1)
     out = []
     for i in range(count):
         samples = []
         p1 = 8 + 4 * i
-        for group, (prompt, completions) in enumerate(((p1, [20 + 7 * i, 31 - 5 * i]), (30 - p1, [9 + 3 * i, 40]))):
+        groups = [(p1, [20 + 7 * i, 31 - 5 * i]), (30 - p1, [9 + 3 * i, 40])]
+        if sizes:
+            groups = groups[:1] + [(5 + j, [12 * (i + 1), 3 + j]) for j in range(2 * i)]
+        for group, (prompt, completions) in enumerate(groups):
             ids = torch.randint(3, 512, (prompt,), generator=g).tolist()
             for c in completions:
                 full = ids + torch.randint(3, 512, (c,), generator=g).tolist()
-                samples.append(Sample(full, [0] * prompt + [1] * c, [0.0] * len(full), 1.0 - group, group=group,
-                                      prompt_len=prompt))
-        out.append(pad_to_buckets(packed_micro_batch(samples, share_prompts=True), pad_token_id=0, token_budget=256))
+                samples.append(Sample(full, [0] * prompt + [1] * c, [0.0] * len(full), 1.0 - 2 * (group % 2),
+                                      group=group, prompt_len=prompt))
+        budget = 128 << i if sizes else 256
+        out.append(pad_to_buckets(packed_micro_batch(samples, share_prompts=True), pad_token_id=0, token_budget=budget))
     return out
 
 
-def layouts(device: str, micro_batches: int, tol: float) -> bool:
+def layouts(device: str, micro_batches: int, tol: float, sizes: bool = False) -> bool:
+    """Part 2 (one shape, ``micro_batches`` layouts) or, with ``sizes``, part 3 (three shapes)."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     torch.manual_seed(0)
     base = Qwen2ForCausalLM(Qwen2Config(**CONFIG))
@@ -105,13 +120,21 @@ def layouts(device: str, micro_batches: int, tol: float) -> bool:
     graphs = copy.deepcopy(plain)
     compile_stack(plain)
     compile_stack(graphs, mode="reduce-overhead")
-    batches = packed_batches(micro_batches)
-    shapes = {(mb.input_ids.shape[1], mb.layout.cu_q.shape[0], mb.layout.key_index.shape[0]) for mb in batches}
+    batches = packed_batches(3 if sizes else micro_batches, sizes)
+    shapes = [(mb.input_ids.shape[1], mb.layout.cu_q.shape[0], mb.layout.key_index.shape[0]) for mb in batches]
     bounds = {tuple(mb.layout.cu_q.tolist()) for mb in batches}
-    if len(shapes) != 1 or len(bounds) != len(batches):
-        print(f"the micro batches should share one shape with layouts of their own: {shapes}, {len(bounds)} layouts")
+    if len(set(shapes)) != (3 if sizes else 1) or len(bounds) != len(batches) or (
+            sizes and any(len(set(dim)) != 3 for dim in zip(*shapes))):
+        print(f"the micro batches should have {'three shapes' if sizes else 'one shape'} and layouts of their own: "
+              f"{shapes}, {len(bounds)} layouts")
         return False
+    what = f"packed micro batches of shapes (N, S + 1, K) {shapes}" if sizes else \
+        f"{len(batches)} packed micro batches of one shape (N, S + 1, K) {shapes[0]}"
+    from torch._dynamo.utils import counters
+
     for step in range(3):
+        if step == 1:
+            compiled = counters["stats"]["unique_graphs"]
         results = []
         for model in (plain, graphs):
             model.zero_grad(set_to_none=True)
@@ -122,11 +145,14 @@ def layouts(device: str, micro_batches: int, tol: float) -> bool:
                 logprobs.append(lp.detach().float().flatten())
             results.append((torch.cat(logprobs), grads(model)))
         lp_diff, grad_diff = relative(results[1][0], results[0][0]), relative(results[1][1], results[0][1])
-        print(f"step {step}: {len(batches)} packed micro batches of one shape (N, S + 1, K) {next(iter(shapes))} "
-              f"on {device} ({dtype}), CUDA graphs against the same stack without: relative L2 difference of the "
-              f"log-probs {lp_diff:.3e}, of the accumulated gradients {grad_diff:.3e}", flush=True)
+        print(f"step {step}: {what} on {device} ({dtype}), CUDA graphs against the same stack without: relative L2 "
+              f"difference of the log-probs {lp_diff:.3e}, of the accumulated gradients {grad_diff:.3e}", flush=True)
         if not (lp_diff <= tol and grad_diff <= tol):
             return False
+    if sizes and counters["stats"]["unique_graphs"] != compiled:
+        print(f"steps 1-2 compiled {counters['stats']['unique_graphs'] - compiled} graph(s) more, after step 0 had "
+              "run every shape", flush=True)
+        return False
     return True
 
 
@@ -135,10 +161,17 @@ def main() -> int:
     p.add_argument("--micro-batches", type=int, default=4)
     p.add_argument("--tol", type=float, default=1e-4)
     p.add_argument("--layout-tol", type=float, default=1e-2)
+    p.add_argument("--parts", default="accumulation,layouts,sizes", help="comma list of the parts to run, in order")
     a = p.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    ok = accumulation(device, a.micro_batches, a.tol)
-    return 0 if ok and layouts(device, min(max(a.micro_batches, 2), 5), a.layout_tol) else 1
+    parts = {"accumulation": lambda: accumulation(device, a.micro_batches, a.tol),
+             "layouts": lambda: layouts(device, min(max(a.micro_batches, 2), 5), a.layout_tol),
+             "sizes": lambda: layouts(device, 3, a.layout_tol, sizes=True)}
+    for part in a.parts.split(","):
+        if not parts[part]():
+            print(f"{part}: failed", flush=True)
+            return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # (trainer/warmup.py; on one shared GPU once vLLM is up); LoRA's layers one graph; compiled micro batches always
 # packed. (am) compiled with dynamic=True: CUDA graphs crashed (SIGSEGV), the per-layer compile took 68.7 s on
 # reverse-text and 87.7 s for fixed Qwen2-0.5B LoRA's first step. Every run starts with empty inductor and Triton caches.
-#   0 (~1 min): scripts/gpu/cudagraph_accum_check.py (accumulation, packed layouts; passed in al)
+#   0 (~1 min): scripts/gpu/cudagraph_accum_check.py (accumulation, packed layouts: passed in al; three shapes through
+#     the static then dynamic compile, new)
 #   1 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, per-layer (the
 #     default): the warm-up's seconds ("torch_compile: compiled in"), the training time of steps 1-3 (am: 68.7 s,
 #     then 0.61, 0.21, 0.16 s)
