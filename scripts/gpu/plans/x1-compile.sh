@@ -1,9 +1,10 @@
 #!/bin/bash
 # One GPU, ~23 minutes, then what is left: the trainer's compile as it is since (am): static for the first sizes,
-# then once with the sizes that changed dynamic (dynamo's automatic dynamic shapes), both on two synthetic batches before the first step
-# (trainer/warmup.py; on one shared GPU once vLLM is up); LoRA's layers one graph; compiled micro batches always
-# packed. (am) compiled with dynamic=True: CUDA graphs crashed (SIGSEGV), the per-layer compile took 68.7 s on
-# reverse-text and 87.7 s for fixed Qwen2-0.5B LoRA's first step. Every run starts with empty inductor and Triton caches.
+# then once with the sizes that changed dynamic (dynamo's automatic dynamic shapes), both on two synthetic batches
+# before the first step (trainer/warmup.py; on one shared GPU once vLLM is up); LoRA's layers one graph; compiled
+# micro batches always packed. (am) compiled with dynamic=True: CUDA graphs crashed (SIGSEGV), the per-layer compile
+# took 68.7 s on reverse-text and 87.7 s for fixed Qwen2-0.5B LoRA's first step. Every run starts with empty inductor
+# and Triton caches.
 #   0 (~1 min): scripts/gpu/cudagraph_accum_check.py (accumulation, packed layouts: passed in al; three shapes through
 #     the static then dynamic compile, new)
 #   1 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, per-layer (the

@@ -219,9 +219,9 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
     """``module.compile`` with room in dynamo's cache for every input form (each distinct form of
     one layer class is an entry of the same code: training/no-grad, packed/padded, static then
     dynamic sizes), and what cannot compile (an op inductor cannot lower) running eagerly, with
-    dynamo's warning. Sizes turn dynamic only once they change (``dynamic=None``): compiled
-    ``dynamic=True`` from the first call, the stack as CUDA graphs crashed (SIGSEGV) on an H200
-    with torch 2.11, and the layers took longer to compile (benchmarks/RESULTS.md, am)."""
+    dynamo's warning. Sizes turn dynamic only once they change (``dynamic=None``): with every size
+    symbolic from the first call (``dynamic=True``) the stack's CUDA graphs crash with torch 2.11
+    (SIGSEGV on an H200) and the layers compile slower (benchmarks/RESULTS.md, am)."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
