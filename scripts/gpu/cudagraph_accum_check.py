@@ -37,6 +37,7 @@ import sys
 
 import torch
 from peft import LoraConfig, get_peft_model
+from torch._dynamo.utils import counters
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from vf_rl.trainer.attention import register_attention
@@ -130,8 +131,6 @@ def layouts(device: str, micro_batches: int, tol: float, sizes: bool = False) ->
         return False
     what = f"packed micro batches of shapes (N, S + 1, K) {shapes}" if sizes else \
         f"{len(batches)} packed micro batches of one shape (N, S + 1, K) {shapes[0]}"
-    from torch._dynamo.utils import counters
-
     for step in range(3):
         if step == 1:
             compiled = counters["stats"]["unique_graphs"]

@@ -78,7 +78,7 @@ def warm_up(trainer) -> float | None:
             torch.cuda.synchronize(a.device)
     except Exception as e:  # noqa: BLE001 - the run can still compile at its first step
         if main:
-            print(f"torch_compile: compiling on a synthetic batch failed ({type(e).__name__}: {e}); "
+            print(f"torch_compile: compiling on synthetic batches failed ({type(e).__name__}: {e}); "
                   "the first step compiles instead", flush=True)
         return None
     finally:
