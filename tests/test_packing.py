@@ -67,6 +67,20 @@ def test_shared_prompt_needs_the_same_prompt_tokens():
     assert packed_micro_batch([a, b], share_prompts=True).tokens == len(a.input_ids) + 4
 
 
+def test_keys_are_gathered_only_for_samples_of_groups():
+    """With ``share_prompts`` a packed micro batch of grouped samples gathers its keys, even where
+    none shares a prompt (one form for compiled code: the identity), and one of samples without a
+    group (nothing can share) does not: its keys are the row itself."""
+    grouped = group_samples([(6, [8]), (9, [3]), (4, [5])])  # three groups of one
+    mb = packed_micro_batch(grouped, share_prompts=True)
+    assert torch.equal(mb.layout.key_index, torch.arange(mb.input_ids.shape[1]))
+    for s in grouped:
+        s.group = -1
+    mb = packed_micro_batch(grouped, share_prompts=True)
+    assert mb.layout.key_index is None and torch.equal(mb.layout.cu_k, mb.layout.cu_q)
+    assert packed_micro_batch(group_samples([(6, [8, 2])]), share_prompts=False).layout.key_index is None
+
+
 def test_plan_packs_only_where_it_saves_work():
     """Equal lengths with distinct prompts run padded; shared prompts or ragged lengths run
     packed; the default budget is micro_batch_size x the batch's mean sample length."""

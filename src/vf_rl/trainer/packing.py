@@ -185,7 +185,8 @@ class PackedLayout:
         cu_k: ``[S + 1]`` int32, segment boundaries of the gathered keys.
         key_index: ``[K]`` long, packed-row position of each gathered key (the identity when no
             sample of the micro batch shares a prompt: one input form for compiled code), or
-            None without ``share_prompts`` (the keys are the row itself, ``cu_k == cu_q``).
+            None without ``share_prompts`` or when no sample has a group (``Sample.group`` -1:
+            nothing can share a prompt, the keys are the row itself, ``cu_k == cu_q``).
         max_q: longest query segment (host int).
         max_k: longest key segment (host int).
         segments: host copy, ``(q_start, q_end, k_start, k_end)`` per segment.
@@ -284,6 +285,9 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
         q_segments.append((start, len(ids)))
         k_bounds.append(len(k_index))
         prev = s
+    # rollouts of a real run always carry their group, so every micro batch of a run gathers (one
+    # form); samples without one (SFT rows, distinct prompts) never share and skip the gather
+    gathers = share_prompts and any(s.group >= 0 for s in samples)
     starts = [first_trained(s) for s in samples]
     T = max(len(s.input_ids) - st for s, st in zip(samples, starts))
     B = len(samples)
@@ -303,7 +307,7 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
     layout = PackedLayout(
         cu_q=torch.tensor([0] + [q1 for _, q1 in q_segments], dtype=torch.int32),
         cu_k=torch.tensor(k_bounds, dtype=torch.int32),
-        key_index=torch.tensor(k_index, dtype=torch.long) if share_prompts else None,
+        key_index=torch.tensor(k_index, dtype=torch.long) if gathers else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
     return MicroBatch(input_ids=torch.tensor([ids], dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
