@@ -168,10 +168,10 @@ def _cpu_varlen():
 def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
-    model's for packed rows with shared prompts, and once a second micro batch of other sizes has
-    compiled the layer with dynamic sizes, rows of new lengths and longest segments, and a row
-    whose samples share no prompt (its keys gathered by an identity index), compile nothing new
-    (the kernel's bounds come from the row's symbolic sizes, not the layout's host ints)."""
+    model's for packed rows with shared prompts, and the first row compiles the layer with the
+    row's sizes dynamic (``model._mark_row_sizes``): rows of new lengths and longest segments,
+    and a row whose samples share no prompt (its keys gathered by an identity index), compile
+    nothing new (the kernel's bounds come from the row's symbolic sizes, not the layout's host ints)."""
     import copy
 
     from test_packing import group_samples
@@ -209,10 +209,10 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
             logits.float().pow(2).mean().backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
-        if i == 1:
-            frames = counter.frame_count  # the first sizes, then the sizes that changed as dynamic
+        if i == 0:
+            frames = counter.frame_count
     assert not counters["graph_break"], dict(counters["graph_break"])
-    assert counter.frame_count == frames == 2, "rows of new lengths compiled the layer again"
+    assert counter.frame_count == frames == 1, "rows of new sizes compiled the layer again"
 
 
 def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(model_dir, tmp_path):
@@ -269,6 +269,43 @@ def test_the_stack_region_compiles_twice_then_never_again():
         seen.append(counter.frame_count)
     assert 0 < seen[0] < seen[1], "the second length ran the first length's static graph"
     assert seen[1:] == [seen[1]] * 4, f"later lengths compiled the stack again: {seen}"
+
+
+def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch):
+    """Packed rows (how the trainer runs a compiled model's micro batches), the stack compiled as one
+    region with the GPU's varlen attention (a CPU stand-in): the first row compiles the stack with
+    its length, segment count and gathered keys dynamic, and rows of other sizes, with and without
+    shared prompts, run that graph (a second compile of the stack costs minutes on a GPU)."""
+    from test_packing import group_samples
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from vf_rl.trainer import attention
+    from vf_rl.trainer.logprobs import _no_mask
+    from vf_rl.trainer.model import compile_stack
+    from vf_rl.trainer.packing import packed_micro_batch
+
+    monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen())
+    monkeypatch.setattr(attention, "_VARLEN_PARAMS", ("is_causal",))
+    monkeypatch.setattr(attention, "varlen_applies", lambda query, dropout=0.0: True)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=100))
+    model.set_attn_implementation(attention.register_attention())
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()  # no frame state (sizes seen) left by other tests' compiles of the same code
+    counters.clear()
+    assert compile_stack(model, counter)
+    seen = []
+    for i, spec in enumerate(([(9, [6, 2, 7, 4])], [(5, [3, 9]), (11, [4, 4, 6])], [(6, [8]), (9, [3]), (4, [5])],
+                              [(12, [2, 2, 9, 3, 1]), (3, [6, 5])])):
+        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True)
+        model(input_ids=mb.input_ids % 100, position_ids=mb.position_ids, use_cache=False,
+              attention_mask=_no_mask(mb.input_ids.device), vf_rl_packing=mb.layout).logits.float().mean().backward()
+        seen.append(counter.frame_count)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert seen == [1] * 4, f"rows of new sizes compiled the stack again: {seen}"
 
 
 def test_lora_layers_share_one_compiled_graph():

@@ -15,9 +15,9 @@
    difference under ``--layout-tol``: a layout baked into the graph would show here.
 3. Sizes: packed micro batches padded to three different shapes (row length, segment count,
    gathered keys), one after the other in every step, on a freshly compiled stack: the first
-   compiles for its sizes, the second compiles once more with the sizes dynamic (what the
-   trainer's warm-up does before step 1, ``warmup.py``), the third and every later step compile
-   nothing more (dynamo's ``unique_graphs``) and replay.
+   compiles with those sizes dynamic (``model._mark_row_sizes``; the trainer's warm-up does it
+   before step 1, ``warmup.py``), and steps 1-2 compile nothing more (dynamo's
+   ``unique_graphs``) and replay.
    Log-probs and accumulated gradients as CUDA graphs against the same stack without them, under
    ``--layout-tol``.
 

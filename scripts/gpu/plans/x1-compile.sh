@@ -1,20 +1,19 @@
 #!/bin/bash
-# One GPU, ~23 minutes, then what is left: the trainer's compile as it is since (am): static for the first sizes,
-# then once with the sizes that changed dynamic (dynamo's automatic dynamic shapes), both on two synthetic batches
-# before the first step (trainer/warmup.py; on one shared GPU once vLLM is up); LoRA's layers one graph; compiled
-# micro batches always packed. (am) compiled with dynamic=True: CUDA graphs crashed (SIGSEGV), the per-layer compile
-# took 68.7 s on reverse-text and 87.7 s for fixed Qwen2-0.5B LoRA's first step. Every run starts with empty inductor
-# and Triton caches.
-#   0 (~1 min): scripts/gpu/cudagraph_accum_check.py (accumulation, packed layouts: passed in al; three shapes through
-#     the static then dynamic compile, new)
-#   1 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, per-layer (the
-#     default): the warm-up's seconds ("torch_compile: compiled in"), the training time of steps 1-3 (am: 68.7 s,
-#     then 0.61, 0.21, 0.16 s)
+# One GPU, ~27 minutes: the trainer's compile as it is since (an): a packed row's length, segment count and gathered
+# keys marked dynamic before the first compile (model._mark_row_sizes), so each region compiles once, on two
+# synthetic batches before the first step (trainer/warmup.py); keys gathered only for samples of groups (the fixed
+# benchmark's distinct prompts run without the gather). Every run starts with empty inductor and Triton caches.
+# Baselines from (an), where each region compiled twice (static, then dynamic) and the fixed batch gathered its keys:
+#   0 (~1 min): scripts/gpu/cudagraph_accum_check.py: accumulation, packed layouts, three sizes (an: all passed, no
+#     crash; with the sizes now dynamic from the first compile, does the CUDA-graph stack still run? (am)'s
+#     dynamic=True crashed it)
+#   1 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, per-layer:
+#     "torch_compile: compiled in" (an: 25.2 s), steps 1-3 (0.58, 0.28, 0.27 s), launch to step 1 (138.1 s)
 #   2 (~8 min): fixed Qwen2-0.5B LoRA, 64 x (256 + 256), per-layer then CUDA graphs: tokens/s and the first step
-#     (am per-layer: 43,230 tokens/s, 87.7 s; ak CUDA graphs static: 111,599 tokens/s, 90.0 s)
-#   3 (~9 min): reverse-text as in 1 in the CUDA-graph mode (al: steps 1-3 trained 111.2, 1.8, 186.6 s)
-#   4 (what device time is left): realistic Qwen2-0.5B LoRA, CUDA graphs then per-layer (al: first step 188.9 and
-#     37.2 s, steady 0.30 and 0.54 s per step)
+#     (an: 33,313 tokens/s, 21.0 s; 97,857, 109.4 s; ak's CUDA graphs without the gather: 111,599)
+#   3 (~9 min): reverse-text as in 1 in the CUDA-graph mode (an: compiled in 305.3 s, launch to step 1 396.7 s)
+#   4 (what device time is left): realistic Qwen2-0.5B LoRA, CUDA graphs then per-layer (an: first step 203.1 and
+#     22.9 s; 114,781 and 103,708 tokens/s)
 S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }

@@ -189,9 +189,8 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
     """Regional ``torch.compile``: compile each decoder layer in place (``nn.Module.compile``).
 
     One compiled graph serves every layer (same code, parameters as graph inputs): the first
-    pass compiles it for its shapes, the first pass of other lengths once more with those sizes
-    dynamic (dynamo's automatic dynamic shapes), and later lengths reuse that graph
-    (``warmup.py`` runs both before the first step). With frozen input embeddings (LoRA) their
+    packed row compiles it with the sizes that change between rows dynamic (:func:`_compile_region`),
+    and rows of later lengths reuse it (``warmup.py`` compiles before the first step). With frozen input embeddings (LoRA) their
     output is made to require grad, so the first layer's input is like every other layer's and
     the layers share one graph instead of compiling a second one for it. The layers' own
     modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
@@ -219,14 +218,58 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
     """``module.compile`` with room in dynamo's cache for every input form (each distinct form of
     one layer class is an entry of the same code: training/no-grad, packed/padded, static then
     dynamic sizes), and what cannot compile (an op inductor cannot lower) running eagerly, with
-    dynamo's warning. Sizes turn dynamic only once they change (``dynamic=None``): with every size
-    symbolic from the first call (``dynamic=True``) the stack's CUDA graphs crash with torch 2.11
-    (SIGSEGV on an H200) and the layers compile slower (benchmarks/RESULTS.md, am)."""
+    dynamo's warning.
+
+    Only the sizes that change between micro batches are dynamic: a packed row's length, segment
+    count and gathered keys are marked so before each call (:func:`_mark_row_sizes`), so its first
+    compile is already the one every later row reuses; other sizes turn dynamic once they change
+    (``dynamic=None``). With every size symbolic from the first call (``dynamic=True``) the
+    stack's CUDA graphs crash with torch 2.11 (SIGSEGV on an H200) and the layers compile slower
+    (benchmarks/RESULTS.md, am)."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.suppress_errors = True
     module.compile(backend=backend, mode=mode)
+    compiled = getattr(module, "_compiled_call_impl", None)  # what nn.Module.__call__ runs once compiled
+    if compiled is not None:
+        def call(*args, **kwargs):
+            _mark_row_sizes(args, kwargs)
+            return compiled(*args, **kwargs)
+
+        module._compiled_call_impl = call
+
+
+def _mark_row_sizes(args: tuple, kwargs: dict) -> None:
+    """For a call on a packed row (``vf_rl_packing``, a ``packing.PackedLayout``): mark dynamic
+    (``maybe_mark_dynamic``: a size the code needs fixed stays static) every dimension of the
+    tensor arguments (in tuples too) whose size is the row's length ``N``, but the last one of a
+    float tensor of 3 or more dimensions (a feature width: ``[1, N, hidden]``), and the layout's
+    ``cu_q``/``cu_k`` (segments + 1) and ``key_index`` (gathered keys). These are the sizes dynamo
+    would turn dynamic at the second row (automatic dynamic shapes), which costs a second compile
+    of the region (on an H200, 111 s then 187 s for the decoder stack: benchmarks/RESULTS.md, al)."""
+    layout = kwargs.get("vf_rl_packing")
+    if layout is None or not layout.segments:
+        return
+    from torch._dynamo import maybe_mark_dynamic
+
+    n = layout.segments[-1][1]
+    for t in (layout.cu_q, layout.cu_k, layout.key_index):
+        if t is not None:
+            maybe_mark_dynamic(t, 0)
+
+    def mark(x) -> None:
+        if isinstance(x, torch.Tensor):
+            feature = x.dim() - 1 if x.is_floating_point() and x.dim() >= 3 else -1
+            for d, size in enumerate(x.shape):
+                if size == n > 1 and d != feature:
+                    maybe_mark_dynamic(x, d)
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                mark(y)
+
+    for x in (*args, *kwargs.values()):
+        mark(x)
 
 
 def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> bool:
@@ -254,7 +297,7 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
     stack = base.get_decoder() if hasattr(base, "get_decoder") else None
     if stack is None or stack is base:
         return False
-    _compile_region(stack, backend, mode)  # static, then dynamic sizes; one recorded graph per padded shape
+    _compile_region(stack, backend, mode)  # a packed row's sizes dynamic; one recorded graph per padded shape
     if mode in CUDA_GRAPH_MODES:
         trainable = [p for p in model.parameters() if p.requires_grad]
 

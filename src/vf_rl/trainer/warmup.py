@@ -1,9 +1,9 @@
 """The first step's compile, moved ahead of its rollouts.
 
 With ``torch_compile`` the decoder layers (or the stack, as CUDA graphs) compile at their first
-forward and backward, and once more at the first pass of other sizes, then with those sizes
-dynamic (dynamo's automatic dynamic shapes; ``model.py``). ``RLTrainer.train`` runs both on
-small synthetic batches before the first step: while vf-vllm starts when the trainer has GPUs
+forward and backward, with a packed row's sizes dynamic (``model.py``; any other size that
+changes turns dynamic at a second compile, dynamo's automatic dynamic shapes).
+``RLTrainer.train`` runs that on small synthetic batches before the first step: while vf-vllm starts when the trainer has GPUs
 of its own, else (one GPU for both) once vLLM is up, while the first batch generates (vLLM
 sizes its KV cache from the GPU's used memory as it starts, other processes' allocations
 counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead of
@@ -14,7 +14,8 @@ What a later step reuses is the graph of each input form (packed rows, shared pr
 reference model's no-grad pass, bucket padding for CUDA graphs) with dynamic sizes. So the
 synthetic batches go through the trainer's own ``_train_on_batch``: groups of samples sharing
 a prompt from the dataset, completions of different lengths, the second batch far shorter and
-with fewer samples (row length, segment count and gathered keys all change). Their gradients
+with fewer samples (row length, segment count and gathered keys all change, so a size the
+first compile left static compiles here, not in a step). Their gradients
 are dropped and the RNG state restored: the run goes on as it would have.
 """
 
