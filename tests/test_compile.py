@@ -364,6 +364,36 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
 
 
+def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
+    """scripts/gpu/layer_graphs_check.py (per-layer CUDA graphs recorded by hand, GPU only) on the
+    CPU: every decoder layer runs through its tensor-only wrapper (what a recorded graph replays)
+    and the step's gradients equal the plain model's; a wrapper that passes RoPE's tensors swapped
+    makes the check fail."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
+    import layer_graphs_check as check
+
+    argv = ["--device", "cpu", "--model-config", "tiny", "--no-compile", "--batch", "8", "--micro-batch", "4",
+            "--prompt-len", "8", "--completion-len", "8", "--steps", "1", "--warmup", "0"]
+    calls = []
+    forward = check.FlatLayer.forward
+
+    def counted(self, hidden, cos, sin, cu_q, cu_k):
+        calls.append(self)
+        return forward(self, hidden, cos, sin, cu_q, cu_k)
+
+    check.FlatLayer.forward = counted
+    try:
+        assert check.main(argv) == 0
+        assert len(set(calls)) == 2 and len(calls) == 2 * 2 * 2  # 2 layers x 2 micro batches x 2 steps
+        check.FlatLayer.forward = lambda self, hidden, cos, sin, cu_q, cu_k: forward(self, hidden, sin, cos, cu_q, cu_k)
+        assert check.main(argv) == 1
+    finally:
+        check.FlatLayer.forward = forward
+
+
 def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tmp_path):
     """``torch_compile_mode = "reduce-overhead"``: the decoder stack compiles as one region (no
     layer on its own), every micro batch runs packed and padded to bucket sizes (the few shapes
