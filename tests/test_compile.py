@@ -367,8 +367,8 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
 def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
     """scripts/gpu/layer_graphs_check.py (per-layer CUDA graphs recorded by hand, GPU only) on the
     CPU: every decoder layer runs through its tensor-only wrapper (what a recorded graph replays)
-    and the step's gradients equal the plain model's; a wrapper that passes RoPE's tensors swapped
-    makes the check fail."""
+    and the first steps' gradients (two batches of different row lengths) equal the plain
+    model's; a wrapper that passes RoPE's tensors swapped makes the check fail."""
     import sys
     from pathlib import Path
 
@@ -376,7 +376,7 @@ def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
     import layer_graphs_check as check
 
     argv = ["--device", "cpu", "--model-config", "tiny", "--no-compile", "--batch", "8", "--micro-batch", "4",
-            "--prompt-len", "8", "--completion-len", "8", "--steps", "1", "--warmup", "0"]
+            "--prompt-len", "8", "--completion-len", "8", "--second-completion-len", "5", "--steps", "1", "--warmup", "0"]
     calls = []
     forward = check.FlatLayer.forward
 
@@ -387,7 +387,7 @@ def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
     check.FlatLayer.forward = counted
     try:
         assert check.main(argv) == 0
-        assert len(set(calls)) == 2 and len(calls) == 2 * 2 * 2  # 2 layers x 2 micro batches x 2 steps
+        assert len(set(calls)) == 2 and len(calls) == 2 * 2 * 3  # 2 layers x 2 micro batches x 3 steps (2 batches)
         check.FlatLayer.forward = lambda self, hidden, cos, sin, cu_q, cu_k: forward(self, hidden, sin, cos, cu_q, cu_k)
         assert check.main(argv) == 1
     finally:
