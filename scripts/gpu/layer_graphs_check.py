@@ -12,14 +12,15 @@ order, backwards in reverse, as a training pass runs them): a pass then replays 
 instead of launching every kernel from Python.
 
 Sides, same random Qwen2-0.5B-shaped model with LoRA r16 on the seven projections (bf16, adapters
-too), the same packed micro batches of the fixed batch (64 x (256 + 256) tokens, micro batch 8)
-and of a second batch of another row length (192-token completions), steps alternating between
-the two: ``layers`` (``compile_layers``, the trainer's default) and ``graphs`` (the same compiled
-layers, each called through the graphs recorded for the row's shape, every shape in one memory
-pool). Printed per side: first step (compile and recording included), step time and tokens/s over
-the timed steps, peak memory; and the relative L2 difference of each batch's first-step LoRA
-gradients between the sides (a graph that replays stale inputs, or a shape that overwrote
-another's memory, would show there).
+too), the same packed micro batches of the fixed batch (64 x (256 + 256) tokens, micro batch 8) and
+of a second batch of another row length (192-token completions), steps alternating between the two:
+``layers`` (``compile_layers``, the trainer's default) and ``graphs`` (the same compiled layers,
+each called through the graphs recorded for the row's shape, every shape in one memory pool).
+Printed per side: first step (compile and recording included; the graphs side runs second and finds
+the layers' code compiled in this process, so what it adds to a first step is its recording time,
+printed apart), step time and tokens/s over the timed steps, peak memory; and the relative L2
+difference of each batch's first-step LoRA gradients between the sides (a graph that replays stale
+inputs, or a shape that overwrote another's memory, would show there).
 
 On the CPU (``--device cpu``, no CUDA graphs) the graphs side calls the same per-layer wrappers
 without recording: a check of the plumbing (the gradients must equal the plain model's).
