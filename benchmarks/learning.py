@@ -240,12 +240,23 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
         raise RuntimeError(f"vf-rl failed ({process.returncode}): {log.read_text()[-3000:]}")
     records = [json.loads(line) for line in (out / "vf-rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward" in r and "timing/elapsed_s" in r]
+    trainer_log = out / "vf-rl" / "logs" / "trainer.log"
     evals = {r["step"]: r["eval/reward"] for r in records if "eval/reward" in r}
     return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in steps],
             "elapsed_s": [r["timing/elapsed_s"] for r in steps], "reward": [r["reward"] for r in steps],
             "wait_s": [r.get("timing/wait_s", 0.0) for r in steps], "evals": evals,
             "logp_diff": [r.get("logprob_diff/mean") for r in steps],
-            "launch_to_step1_s": launch_to_step1, "settings": {"config": config}}
+            "launch_to_step1_s": launch_to_step1, "settings": {"config": config},
+            "compile_s": compile_seconds(trainer_log.read_text(errors="replace") if trainer_log.exists() else "")}
+
+
+def compile_seconds(trainer_log: str) -> float | None:
+    """The seconds of the trainer's compile before step 1 (``torch_compile``, ``trainer/warmup.py``'s
+    ``compiled in`` line) in a trainer log, None without one (not compiled, or the warm-up failed)."""
+    import re
+
+    found = re.search(r"torch_compile: compiled in ([0-9.]+) s", trainer_log)
+    return float(found.group(1)) if found else None
 
 
 # --- TRL --------------------------------------------------------------------------------------
@@ -757,7 +768,7 @@ def summarize(run: dict, pts: list[list], rollouts: int, warmup: int) -> dict:
     return {"steps": len(run["reward"]), "trained_s": trained_s, "step_s_median": median,
             "sampler_logp_gap": gap, "invalid": invalid_reason(gap),
             "rollouts_per_s": rollouts / median if median == median else None, "wait_fraction": wait_fraction,
-            "launch_to_step1_s": run["launch_to_step1_s"], "wall_s": run["wall_s"],
+            "launch_to_step1_s": run["launch_to_step1_s"], "compile_s": run.get("compile_s"), "wall_s": run["wall_s"],
             **readings(pts, trained_s), "eval_before": evals[0] if evals else None,
             "eval_after": evals[-1] if len(evals) > 1 else None, "peak_gib": run["peak_gib"]}
 
@@ -791,7 +802,8 @@ def report(result: dict) -> str:
     target = sides[best]["summary"]["reward_final"] if best else None
     rows = [("steps", "steps"), ("trained s after step 1", "trained_s"), ("s per step (median)", "step_s_median"),
             ("rollouts / s", "rollouts_per_s"), ("vf-rl waits for generation", "wait_fraction"),
-            ("s from launch to the end of step 1", "launch_to_step1_s"), ("peak GiB", "peak_gib"),
+            ("s from launch to the end of step 1", "launch_to_step1_s"),
+            ("s of torch_compile before step 1", "compile_s"), ("peak GiB", "peak_gib"),
             ("held-out reward before", "eval_before"), ("held-out reward after", "eval_after"),
             ("final reward (last 30 s)", "reward_final"),
             ("sampler-trainer log-prob gap (nats/token)", "sampler_logp_gap")]

@@ -92,6 +92,18 @@ def test_report_compares_with_the_fastest_trl_side(tmp_path):
     assert "| reward at 2 min |" in out.stdout and (tmp_path / "r.png").stat().st_size > 1000
 
 
+def test_the_compile_before_step_one_is_read_from_the_trainer_log():
+    """vf-rl's compile before step 1 (the trainer log's ``compiled in`` line) reaches the summary
+    and the table; a side without one (TRL, or vf-rl not compiling) shows "-"."""
+    learning = _learning()
+    log = ("Loading model m...\ntorch_compile: 30 decoder layers compile before the first step (warmup.py)\n"
+           "torch_compile: compiled in 25.2 s on synthetic batches of 1096 tokens\n")
+    assert learning.compile_seconds(log) == 25.2 and learning.compile_seconds("Loading model m...\n") is None
+    sides = {"vf-rl": {**run([0.1, 0.3], 30.0), "compile_s": 25.2}, "trl": run([0.1, 0.2], 60.0)}
+    table = learning.report(summarized(learning, sides, "reverse-text"))
+    assert "| s of torch_compile before step 1 | 25.200 | - |" in table
+
+
 def test_a_side_that_does_not_sample_its_trained_weights_is_left_out(tmp_path):
     """A TRL side whose vLLM generated with other weights than it trained (its log-probs 14 nats per
     token from the trainer's, as a broken colocated sync read on an H200) is faster and would be the
