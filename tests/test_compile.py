@@ -394,6 +394,52 @@ def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
         check.FlatLayer.forward = forward
 
 
+def test_layer_graphs_record_a_shape_at_its_second_pass(monkeypatch):
+    """layer_graphs_check.py's recording schedule, with ``make_graphed_callables`` standing in for
+    the GPU's (it hands the flat layers back): a row shape (length, segments, gathered keys) runs
+    its first pass as it is, is recorded at the start of its second pass (once, for every layer,
+    keys gathered for shared prompts among its inputs), and replays after."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
+    import layer_graphs_check as check
+
+    recordings, replays = [], []
+
+    def graphed(callables, sample, pool=None):
+        recordings.append(tuple(tuple(t.shape) for t in sample[0]))
+
+        def replay(layer):
+            return lambda *tensors: replays.append(layer) or layer(*tensors)
+
+        return tuple(replay(c) for c in callables)
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", graphed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    args = check.parse_args(["--device", "cpu", "--model-config", "tiny", "--no-compile", "--mode", "realistic",
+                             "--batch", "16"])
+    model, _ = check.build(args, torch.device("cpu"), graphs=False)
+    graphs = check.LayerGraphs(model, record=True)
+    cycle = check.batches(args, torch.device("cpu"))
+    keys = [(mb.layout.cu_q.shape[0], mb.layout.cu_k.shape[0], mb.layout.key_index.shape[0], mb.input_ids.shape[1])
+            for plan in cycle for mb in plan]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    for plan in cycle:  # first passes: recorded only where a shape came twice
+        check.step(model, plan, optimizer)
+    twice = {k for k in keys if keys.count(k) > 1}
+    assert set(graphs.graphs) == twice and len(recordings) == len(twice) and not replays
+    for plan in cycle:  # every shape's second pass at the latest: recorded, and replayed from then on
+        check.step(model, plan, optimizer)
+    assert set(graphs.graphs) == set(keys) and len(recordings) == len(set(keys))
+    replays.clear()
+    for plan in cycle:
+        check.step(model, plan, optimizer)
+    assert len(replays) == len(keys) * len(graphs.flats) and len(recordings) == len(set(keys))
+    assert all(len(r) == 6 for r in recordings)  # hidden, cos, sin, cu_q, cu_k, key_index
+
+
 def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tmp_path):
     """``torch_compile_mode = "reduce-overhead"``: the decoder stack compiles as one region (no
     layer on its own), every micro batch runs packed and padded to bucket sizes (the few shapes

@@ -22,6 +22,11 @@ printed apart), step time and tokens/s over the timed steps, peak memory; and th
 difference of each batch's first-step LoRA gradients between the sides (a graph that replays stale
 inputs, or a shape that overwrote another's memory, would show there).
 
+``--mode realistic``: three batches of ``trainer_step.py``'s realistic distribution instead (shared
+prompts, completions of 4-1,024 tokens), padded to bucket sizes as the trainer's CUDA-graph mode pads
+them; each shape is recorded at its second pass (:class:`LayerGraphs`), so a run's first steps hold
+the recordings.
+
 On the CPU (``--device cpu``, no CUDA graphs) the graphs side calls the same per-layer wrappers
 without recording: a check of the plumbing (the gradients must equal the plain model's).
 
@@ -51,45 +56,76 @@ from vf_rl.trainer.packing import PackedLayout, plan_micro_batches  # noqa: E402
 class FlatLayer(torch.nn.Module):
     """A decoder layer called with tensors only (``make_graphed_callables`` takes no other
     arguments): the row's hidden states ``[1, N, H]``, RoPE's ``cos`` and ``sin`` ``[1, N, D]``,
-    the layout's ``cu_q`` and ``cu_k`` ``[S + 1]`` int32; returns ``[1, N, H]``. The layout's host
-    fields (longest segments, segment list) are set per micro batch shape (``shape``)."""
+    the layout's ``cu_q`` and ``cu_k`` ``[S + 1]`` int32 and, with shared prompts, ``key_index``
+    ``[K]``; returns ``[1, N, H]``. The layout's host fields (longest segments, segment list) are
+    set before each call (``host``)."""
 
     def __init__(self, layer: torch.nn.Module):
         super().__init__()
         self.layer = layer
         self.host = (0, 0, [])
 
-    def forward(self, hidden, cos, sin, cu_q, cu_k):
+    def forward(self, hidden, cos, sin, cu_q, cu_k, *key_index):
         max_q, max_k, segments = self.host
-        layout = PackedLayout(cu_q, cu_k, None, max_q, max_k, segments)
+        layout = PackedLayout(cu_q, cu_k, key_index[0] if key_index else None, max_q, max_k, segments)
         return self.layer(hidden, position_embeddings=(cos, sin), vf_rl_packing=layout)
 
 
-def shape(hidden: torch.Tensor, cu_q: torch.Tensor) -> tuple[int, int]:
-    """A recorded graph's key: the row's length ``N`` and its segment count + 1."""
-    return hidden.shape[1], cu_q.shape[0]
+class LayerGraphs:
+    """Every decoder layer of ``model`` routed through a :class:`FlatLayer`; with ``record`` (a GPU),
+    the second pass of a row shape (``N``, segments, gathered keys) records every layer's forward
+    and backward for it (``make_graphed_callables``, one memory pool for every shape: a micro
+    batch's backward ends before the next forward), and later passes of that shape replay them.
+    The first pass of a shape runs the compiled layers as they are (compiling them if needed)."""
+
+    def __init__(self, model, record: bool):
+        self.flats, self.graphs, self.seen, self.record_s = [], {}, set(), 0.0
+        self.pool = torch.cuda.graph_pool_handle() if record else None
+        layers = base_model(model).model.layers
+        for i in range(len(layers)):
+            self.flats.append(FlatLayer(layers[i]))
+            layers[i] = Router(self, i)
+
+    def call(self, index: int, hidden, cos, sin, layout):
+        tensors = (hidden, cos, sin, layout.cu_q, layout.cu_k) + (
+            (layout.key_index,) if layout.key_index is not None else ())
+        key = tuple(t.shape[0] for t in tensors[3:]) + (hidden.shape[1],)
+        for flat in self.flats:
+            flat.host = (layout.max_q, layout.max_k, layout.segments)
+        if index == 0 and self.pool is not None and key not in self.graphs:
+            if key in self.seen:
+                self._record(key, tensors)
+            self.seen.add(key)
+        recorded = self.graphs.get(key)
+        return (recorded[index] if recorded else self.flats[index])(*tensors)
+
+    def _record(self, key, tensors) -> None:
+        start = time.perf_counter()
+        hidden = tensors[0].detach()
+        sample = tuple((hidden.clone().requires_grad_(True),) + tuple(t.detach() for t in tensors[1:])
+                       for _ in self.flats)
+        self.graphs[key] = list(torch.cuda.make_graphed_callables(tuple(self.flats), sample, pool=self.pool))
+        torch.cuda.synchronize()
+        self.record_s += time.perf_counter() - start
 
 
 class Router(torch.nn.Module):
-    """Stands in the model's layer list for layer ``index``: takes transformers' call and runs the
-    layer's graphed callable recorded for the row's :func:`shape` (``graphs``), else the flat layer."""
+    """Stands in the model's layer list for layer ``index``: takes transformers' call and hands
+    the tensors it needs to :meth:`LayerGraphs.call`."""
 
-    def __init__(self, flat: FlatLayer, graphs: dict, index: int):
+    def __init__(self, graphs: LayerGraphs, index: int):
         super().__init__()
-        self.flat, self.graphs, self.index = flat, graphs, index
+        self.index, self.owner = index, graphs
+        self.flat = graphs.flats[index]  # the layer's parameters stay in the model's
 
     def forward(self, hidden_states, position_embeddings=None, vf_rl_packing=None, **_):
-        layout = vf_rl_packing
-        self.flat.host = (layout.max_q, layout.max_k, layout.segments)
         cos, sin = position_embeddings
-        recorded = self.graphs.get(shape(hidden_states, layout.cu_q))
-        call = recorded[self.index] if recorded else self.flat
-        return call(hidden_states, cos, sin, layout.cu_q, layout.cu_k)
+        return self.owner.call(self.index, hidden_states, cos, sin, vf_rl_packing)
 
 
 def build(args, device: torch.device, graphs: bool):
     """The model of one side (same seed on both): LoRA, vf-rl's packed attention, compiled layers;
-    with ``graphs`` every layer routed through a :class:`FlatLayer` (recorded later)."""
+    with ``graphs`` every layer routed through :class:`LayerGraphs` (recording on a GPU)."""
     from peft import LoraConfig, get_peft_model
 
     model = build_model(args.model_config, device, torch.bfloat16, seed=0)
@@ -99,44 +135,42 @@ def build(args, device: torch.device, graphs: bool):
     model.set_attn_implementation(register_attention())
     if args.compile:
         compile_layers(model)
-    flats, recorded = [], {}
-    if graphs:
-        layers = base_model(model).model.layers
-        for i in range(len(layers)):
-            flats.append(FlatLayer(layers[i]))
-            layers[i] = Router(flats[-1], recorded, i)
-    return model, flats, recorded
+    return model, (LayerGraphs(model, record=device.type == "cuda") if graphs else None)
 
 
-def batch(args, device: torch.device, completion_len: int, seed: int = 0) -> list:
-    """A fixed batch as the trainer plans it for a compiled model: packed micro batches (on the device)."""
-    g = torch.Generator().manual_seed(seed)
-    samples = []
-    for _ in range(args.batch):
-        ids = torch.randint(3, 1000, (args.prompt_len + completion_len,), generator=g).tolist()
-        samples.append(Sample(ids, [0] * args.prompt_len + [1] * completion_len, [0.0] * len(ids),
-                              float(torch.randn((), generator=g))))
-    plan = plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, always_pack=True)
-    return [mb.to(device) for mb in plan]
+def batches(args, device: torch.device) -> list[list]:
+    """The batches the steps cycle through, as the trainer plans them for a compiled model (packed
+    micro batches, on the device). ``fixed``: the fixed batch, then one of ``--second-completion-len``
+    (another row length) unless 0. ``realistic``: three batches of ``trainer_step.py``'s realistic
+    distribution (seeds 0-2: prompts shared by groups of 8, completions 4-1,024 tokens), padded to
+    bucket sizes as the CUDA-graph mode pads them (a few shapes, recorded once each)."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    if args.mode == "fixed":
+        for c in [args.completion_len] + ([args.second_completion_len] if args.second_completion_len else []):
+            samples = []
+            for _ in range(args.batch):
+                ids = torch.randint(3, 1000, (args.prompt_len + c,), generator=g).tolist()
+                samples.append(Sample(ids, [0] * args.prompt_len + [1] * c, [0.0] * len(ids),
+                                      float(torch.randn((), generator=g))))
+            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, always_pack=True))
+    else:
+        from types import SimpleNamespace
 
+        from trainer_step import batch_shape
 
-def record(model, flats: list, recorded: dict, mb, pool) -> float:
-    """Record every layer's forward and backward for ``mb``'s :func:`shape` (``make_graphed_callables``,
-    in the memory pool ``pool``, shared by every shape: a micro batch's backward ends before the
-    next forward, whatever its shape); returns the seconds it took."""
-    start = time.perf_counter()
-    base = base_model(model).model
-    with torch.no_grad():
-        hidden = base.embed_tokens(mb.input_ids)
-        cos, sin = base.rotary_emb(hidden, mb.position_ids)
-    for flat in flats:
-        flat.host = (mb.layout.max_q, mb.layout.max_k, mb.layout.segments)
-    sample = tuple((hidden.detach().clone().requires_grad_(True), cos, sin, mb.layout.cu_q, mb.layout.cu_k)
-                   for _ in flats)
-    graphed = torch.cuda.make_graphed_callables(tuple(flats), sample, pool=pool)
-    recorded[shape(hidden, mb.layout.cu_q)] = list(graphed)
-    torch.cuda.synchronize()
-    return time.perf_counter() - start
+        for seed in range(3):
+            shape = SimpleNamespace(mode="realistic", batch=args.batch, group=8, prompt_min=64, prompt_max=1024,
+                                    max_tokens=1024, cap_share=0.25, seed=seed)
+            samples = []
+            for P, C, group in zip(*batch_shape(shape)):
+                if not samples or samples[-1].group != group:
+                    prompt = torch.randint(3, 1000, (P,), generator=g).tolist()
+                ids = prompt + torch.randint(3, 1000, (C,), generator=g).tolist()
+                samples.append(Sample(ids, [0] * P + [1] * C, [0.0] * len(ids), float(torch.randn((), generator=g)),
+                                      group=group, prompt_len=P))
+            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, bucketed=True))
+    return [[mb.to(device) for mb in plan] for plan in out]
 
 
 def step(model, micro_batches: list, optimizer) -> torch.Tensor:
@@ -154,10 +188,8 @@ def step(model, micro_batches: list, optimizer) -> torch.Tensor:
 
 
 def side(args, device: torch.device, graphs: bool) -> dict:
-    model, flats, recorded = build(args, device, graphs)
-    batches = [batch(args, device, args.completion_len)]
-    if args.second_completion_len:
-        batches.append(batch(args, device, args.second_completion_len, seed=1))
+    model, layer_graphs = build(args, device, graphs)
+    cycle = batches(args, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
         p.grad = torch.zeros_like(p)
@@ -166,39 +198,31 @@ def side(args, device: torch.device, graphs: bool) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    captured = 0.0
-    if graphs and device.type == "cuda":
-        for micro_batches in batches:  # compile the layers' graph (row sizes dynamic) outside the recording
-            logprobs, _ = packed_policy_logprobs(model, micro_batches[0])
-            logprobs.sum().backward()
-        model.zero_grad(set_to_none=False)
-        pool = torch.cuda.graph_pool_handle()
-        for micro_batches in batches:
-            captured += record(model, flats, recorded, micro_batches[0], pool)
-    first = [step(model, batches[0], optimizer)]
+    first = [step(model, cycle[0], optimizer)]
     sync()
     first_s = time.perf_counter() - start
-    first += [step(model, b, optimizer) for b in batches[1:]]
+    first += [step(model, b, optimizer) for b in cycle[1:]]
     times = []
     for i in range(args.warmup + args.steps):
         t = time.perf_counter()
-        step(model, batches[i % len(batches)], optimizer)
+        step(model, cycle[i % len(cycle)], optimizer)
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - t)
-    tokens = sum(mb.tokens for b in batches for mb in b) / len(batches)
+    tokens = sum(mb.tokens for b in cycle for mb in b) / len(cycle)
     mean = sum(times) / len(times)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
-    print(f"[{'graphs' if graphs else 'layers'}] first step {first_s:.1f} s (recording {captured:.1f} s for "
-          f"{len(recorded)} shape(s)), step {mean:.3f} s ({min(times):.3f}-{max(times):.3f}), "
-          f"{tokens / mean:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
+    recorded = f"{len(layer_graphs.graphs)} shape(s) recorded in {layer_graphs.record_s:.1f} s, " if graphs else ""
+    print(f"[{'graphs' if graphs else 'layers'}] first step {first_s:.1f} s, {recorded}step {mean:.3f} s "
+          f"({min(times):.3f}-{max(times):.3f}), {tokens / mean:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
     return {"first": first, "first_s": first_s, "step_s": mean, "tokens_per_s": tokens / mean}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--model-config", default="qwen2-0.5b")
+    p.add_argument("--mode", choices=("fixed", "realistic"), default="fixed")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=256)
@@ -210,7 +234,11 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager layers (CPU plumbing check)")
     p.add_argument("--tol", type=float, default=2e-2, help="largest relative L2 gradient difference")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     device = torch.device(args.device)
     layers = side(args, device, graphs=False)
     graphs = side(args, device, graphs=True)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# One GPU, ~29 minutes: the trainer's compile as it is since (an): a packed row's length, segment count and gathered
+# One GPU, ~31 minutes: the trainer's compile as it is since (an): a packed row's length, segment count and gathered
 # keys marked dynamic before the first compile (model._mark_row_sizes), so each region compiles once, on two
 # synthetic batches before the first step (trainer/warmup.py); keys gathered only for samples of groups (the fixed
 # benchmark's distinct prompts run without the gather). Every run starts with empty inductor and Triton caches.
@@ -7,8 +7,9 @@
 #   0 (~1 min): scripts/gpu/cudagraph_accum_check.py: accumulation, packed layouts, three sizes (an: all passed, no
 #     crash; with the sizes now dynamic from the first compile, does the CUDA-graph stack still run? (am)'s
 #     dynamic=True crashed it)
-#   0b (~2 min): scripts/gpu/layer_graphs_check.py: per-layer CUDA graphs recorded by hand over the compiled layers
-#     (make_graphed_callables), fixed Qwen2-0.5B LoRA: do they train as the compiled layers do, how fast, how soon
+#   0b (~4 min): scripts/gpu/layer_graphs_check.py: per-layer CUDA graphs recorded by hand over the compiled layers
+#     (make_graphed_callables), fixed then realistic Qwen2-0.5B LoRA: do they train as the compiled layers do, how
+#     fast, how soon
 #     (new; the stack as CUDA graphs ran 97,857-111,599 tokens/s after a 90-109 s first step, per-layer 33-43k)
 #   1 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, per-layer:
 #     "torch_compile: compiled in" (an: 25.2 s), steps 1-3 (0.58, 0.28, 0.27 s), launch to step 1 (138.1 s)
@@ -40,6 +41,9 @@ echo "rc=$?" >> /tmp/e2e/cudagraph-accum-check.log
 fresh_caches
 timeout 300 python3 scripts/gpu/layer_graphs_check.py > /tmp/e2e/layer-graphs-check.log 2>&1
 echo "rc=$?" >> /tmp/e2e/layer-graphs-check.log
+timeout 300 python3 scripts/gpu/layer_graphs_check.py --mode realistic --warmup 3 \
+  > /tmp/e2e/layer-graphs-check-realistic.log 2>&1
+echo "rc=$?" >> /tmp/e2e/layer-graphs-check-realistic.log
 reverse_text layers
 fixed vf-rl
 fixed vf-rl-stack-cudagraphs
