@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -240,8 +241,8 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
         raise RuntimeError(f"vf-rl failed ({process.returncode}): {log.read_text()[-3000:]}")
     records = [json.loads(line) for line in (out / "vf-rl" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "reward" in r and "timing/elapsed_s" in r]
-    trainer_log = out / "vf-rl" / "logs" / "trainer.log"
     evals = {r["step"]: r["eval/reward"] for r in records if "eval/reward" in r}
+    trainer_log = out / "vf-rl" / "logs" / "trainer.log"
     return {"wall_s": wall, "peak_gib": peak, "steps": [r["step"] for r in steps],
             "elapsed_s": [r["timing/elapsed_s"] for r in steps], "reward": [r["reward"] for r in steps],
             "wait_s": [r.get("timing/wait_s", 0.0) for r in steps], "evals": evals,
@@ -253,8 +254,6 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
 def compile_seconds(trainer_log: str) -> float | None:
     """The seconds of the trainer's compile before step 1 (``torch_compile``, ``trainer/warmup.py``'s
     ``compiled in`` line) in a trainer log, None without one (not compiled, or the warm-up failed)."""
-    import re
-
     found = re.search(r"torch_compile: compiled in ([0-9.]+) s", trainer_log)
     return float(found.group(1)) if found else None
 

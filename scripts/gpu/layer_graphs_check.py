@@ -90,17 +90,19 @@ class LayerGraphs:
         tensors = (hidden, cos, sin, layout.cu_q, layout.cu_k) + (
             (layout.key_index,) if layout.key_index is not None else ())
         key = tuple(t.shape[0] for t in tensors[3:]) + (hidden.shape[1],)
-        for flat in self.flats:
-            flat.host = (layout.max_q, layout.max_k, layout.segments)
+        host = (layout.max_q, layout.max_k, layout.segments)
         if index == 0 and self.pool is not None and key not in self.graphs:
             if key in self.seen:
-                self._record(key, tensors)
+                self._record(key, tensors, host)
             self.seen.add(key)
+        self.flats[index].host = host
         recorded = self.graphs.get(key)
         return (recorded[index] if recorded else self.flats[index])(*tensors)
 
-    def _record(self, key, tensors) -> None:
+    def _record(self, key, tensors, host) -> None:
         start = time.perf_counter()
+        for flat in self.flats:  # the layout's host fields of this shape, for every layer's recording
+            flat.host = host
         hidden = tensors[0].detach()
         sample = tuple((hidden.clone().requires_grad_(True),) + tuple(t.detach() for t in tensors[1:])
                        for _ in self.flats)

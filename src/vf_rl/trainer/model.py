@@ -189,10 +189,11 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
     """Regional ``torch.compile``: compile each decoder layer in place (``nn.Module.compile``).
 
     One compiled graph serves every layer (same code, parameters as graph inputs): the first
-    packed row compiles it with the sizes that change between rows dynamic (:func:`_compile_region`),
-    and rows of later lengths reuse it (``warmup.py`` compiles before the first step). With frozen input embeddings (LoRA) their
-    output is made to require grad, so the first layer's input is like every other layer's and
-    the layers share one graph instead of compiling a second one for it. The layers' own
+    packed row compiles it with the sizes that change between rows dynamic
+    (:func:`_compile_region`), and rows of later lengths reuse it (``warmup.py`` compiles before
+    the first step). With frozen input embeddings (LoRA) their output is made to require grad,
+    so the first layer's input is like every other layer's and the layers share one graph
+    instead of compiling a second one for it. The layers' own
     modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
     see the eager model); the LM head and the log-prob kernels stay outside. The win is
     host time: a compiled layer launches a handful of fused kernels instead of dozens of

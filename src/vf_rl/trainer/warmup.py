@@ -3,10 +3,10 @@
 With ``torch_compile`` the decoder layers (or the stack, as CUDA graphs) compile at their first
 forward and backward, with a packed row's sizes dynamic (``model.py``; any other size that
 changes turns dynamic at a second compile, dynamo's automatic dynamic shapes).
-``RLTrainer.train`` runs that on small synthetic batches before the first step: while vf-vllm starts when the trainer has GPUs
-of its own, else (one GPU for both) once vLLM is up, while the first batch generates (vLLM
-sizes its KV cache from the GPU's used memory as it starts, other processes' allocations
-counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead of
+``RLTrainer.train`` runs that on small synthetic batches before the first step: while vf-vllm
+starts when the trainer has GPUs of its own, else (one GPU for both) once vLLM is up, while the
+first batch generates (vLLM sizes its KV cache from the GPU's used memory as it starts, other
+processes' allocations counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead of
 compiling after its rollouts arrive (on an H200, 21 + 19 s per-layer, 111 + 187 s as CUDA
 graphs for SmolLM2-135M over the first steps; benchmarks/RESULTS.md, al).
 
@@ -15,8 +15,8 @@ reference model's no-grad pass, bucket padding for CUDA graphs) with dynamic siz
 synthetic batches go through the trainer's own ``_train_on_batch``: groups of samples sharing
 a prompt from the dataset, completions of different lengths, the second batch far shorter and
 with fewer samples (row length, segment count and gathered keys all change, so a size the
-first compile left static compiles here, not in a step). Their gradients
-are dropped and the RNG state restored: the run goes on as it would have.
+first compile left static compiles here, not in a step). Their gradients are dropped and the
+RNG state restored: the run goes on as it would have.
 """
 
 from __future__ import annotations
