@@ -183,6 +183,11 @@ def step(model, micro_batches: list, optimizer) -> torch.Tensor:
         logprobs, _ = packed_policy_logprobs(model, mb)
         loss = -(logprobs * mb.advantages[:, None] * mb.loss_mask).sum() / tokens
         loss.backward()
+        # Drop the micro batch's graph before the next forward: its nodes (the LoRA weights'
+        # AccumulateGrad among them, made on the default stream) would otherwise outlive it into a
+        # recording, whose backward on the capture stream then waits on the default stream, which
+        # CUDA refuses (cudaErrorStreamCaptureImplicit).
+        del logprobs, loss
     grads = torch.cat([p.grad.flatten().float() for p in model.parameters() if p.requires_grad])
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
