@@ -396,9 +396,11 @@ def test_layer_graphs_check_routes_every_layer_through_its_flat_call():
 
 def test_layer_graphs_record_a_shape_at_its_second_pass(monkeypatch):
     """layer_graphs_check.py's recording schedule, with ``make_graphed_callables`` standing in for
-    the GPU's (it hands the flat layers back): a row shape (length, segments, gathered keys) runs
-    its first pass as it is, is recorded at the start of its second pass (once, for every layer,
-    keys gathered for shared prompts among its inputs), and replays after."""
+    the GPU's (as torch's, it replaces each module's forward with its replay, which takes inputs of
+    the recorded shapes only): a row shape (length, segments, gathered keys) runs its first pass as
+    it is, is recorded at the start of its second pass (once, for every layer, keys gathered for
+    shared prompts among its inputs), and replays after; a recording leaves other shapes' layers
+    as they were."""
     import sys
     from pathlib import Path
 
@@ -408,12 +410,19 @@ def test_layer_graphs_record_a_shape_at_its_second_pass(monkeypatch):
     recordings, replays = [], []
 
     def graphed(callables, sample, pool=None):
-        recordings.append(tuple(tuple(t.shape) for t in sample[0]))
+        shapes = tuple(tuple(t.shape) for t in sample[0])
+        recordings.append(shapes)
 
-        def replay(layer):
-            return lambda *tensors: replays.append(layer) or layer(*tensors)
+        def replay(forward):
+            def run(*tensors):
+                assert tuple(tuple(t.shape) for t in tensors) == shapes, "a replay of another shape"
+                replays.append(forward)
+                return forward(*tensors)
+            return run
 
-        return tuple(replay(c) for c in callables)
+        for c in callables:
+            c.forward = replay(c.forward)
+        return callables
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", graphed)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")

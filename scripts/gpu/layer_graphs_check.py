@@ -101,12 +101,16 @@ class LayerGraphs:
 
     def _record(self, key, tensors, host) -> None:
         start = time.perf_counter()
-        for flat in self.flats:  # the layout's host fields of this shape, for every layer's recording
-            flat.host = host
+        # make_graphed_callables replaces a module's forward with its graphed one: each shape records
+        # wrappers of its own around the same layers (the parameters stay shared), so the plain
+        # wrappers keep running the compiled layers for shapes not yet recorded.
+        wrappers = tuple(FlatLayer(flat.layer) for flat in self.flats)
+        for wrapper in wrappers:  # the layout's host fields of this shape, for every layer's recording
+            wrapper.host = host
         hidden = tensors[0].detach()
         sample = tuple((hidden.clone().requires_grad_(True),) + tuple(t.detach() for t in tensors[1:])
-                       for _ in self.flats)
-        self.graphs[key] = list(torch.cuda.make_graphed_callables(tuple(self.flats), sample, pool=self.pool))
+                       for _ in wrappers)
+        self.graphs[key] = list(torch.cuda.make_graphed_callables(wrappers, sample, pool=self.pool))
         torch.cuda.synchronize()
         self.record_s += time.perf_counter() - start
 
