@@ -149,6 +149,7 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
                "vf-rl-stack": {"torch_compile": False},
                "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
+               "vf-rl-layer-graphs": {"torch_compile": True},
                "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
 (``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
@@ -156,6 +157,9 @@ experiment on a host-bound step's launch cost.
 vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: that
 region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
 work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs.
+vf-rl-layer-graphs: the per-layer compile, each layer's forward and backward then recorded as CUDA graphs per
+padded shape (``vf_rl.trainer.model.record_layer_graphs``, an experiment) and micro batches padded as for the stack's
+graphs.
 vf-rl-stack-autotune: the same with ``torch_compile_mode = "max-autotune"`` (inductor also benchmarks
 matmul kernels at compile time: a longer first step)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -500,6 +504,12 @@ class VfSide:
 
             compile_stack(self.model)
             self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
+        elif self.name == "vf-rl-layer-graphs":
+            from vf_rl.trainer.model import record_layer_graphs
+
+            record_layer_graphs(self.model)
+            self.trainer.cuda_graphs = True  # micro batches padded to bucket sizes
+            self.mode = "RLTrainer._train_on_batch, compiled decoder layers recorded as CUDA graphs per padded shape"
         elif self.trainer.cuda_graphs:
             self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs "
                          f"({config.torch_compile_mode})")

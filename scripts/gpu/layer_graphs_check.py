@@ -6,29 +6,29 @@ whole decoder stack as one region: 1.99x TRL's best on fixed-length Qwen2-0.5B L
 step of 90-112 s (inductor compiles 24 layers), against 21 s for per-layer regions, whose step is
 bound by the host's launches (benchmarks/RESULTS.md, ak, an). inductor's CUDA graphs cannot replay
 per-layer regions with torch 2.11 (one compiled function called on its own output,
-pytorch/pytorch#152887). This script keeps the per-layer compile and records each layer's forward
-and backward as graphs of its own with ``make_graphed_callables`` (one memory pool, forwards in
-order, backwards in reverse, as a training pass runs them): a pass then replays 2 x layers graphs
-instead of launching every kernel from Python.
+pytorch/pytorch#152887). ``vf_rl.trainer.layer_graphs`` keeps the per-layer compile and records
+each layer's forward and backward as graphs of its own with ``make_graphed_callables``: a pass then
+replays 2 x layers graphs instead of launching every kernel from Python.
 
 Sides, same random Qwen2-0.5B-shaped model with LoRA r16 on the seven projections (bf16, adapters
 too), the same packed micro batches of the fixed batch (64 x (256 + 256) tokens, micro batch 8) and
 of a second batch of another row length (192-token completions), steps alternating between the two:
-``layers`` (``compile_layers``, the trainer's default) and ``graphs`` (the same compiled layers,
-each called through the graphs recorded for the row's shape, every shape in one memory pool).
-Printed per side: first step (compile and recording included; the graphs side runs second and finds
-the layers' code compiled in this process, so what it adds to a first step is its recording time,
+``layers`` (``compile_layers``, the trainer's default), ``graphs`` (the same compiled layers, each
+called through the graphs ``vf_rl.trainer.layer_graphs.LayerGraphs`` records for the row's shape)
+and ``eager-graphs`` (the layers not compiled, recorded the same way: no compile at all).
+Printed per side: first step (compile and recording included; a side after the first finds the
+layers' code compiled in this process, so what it adds to a first step is its recording time,
 printed apart), step time and tokens/s over the timed steps, peak memory; and the relative L2
-difference of each batch's first-step LoRA gradients between the sides (a graph that replays stale
-inputs, or a shape that overwrote another's memory, would show there).
+difference of each batch's first-step LoRA gradients against the first side (a graph that replays
+stale inputs, or a shape that overwrote another's memory, would show there).
 
 ``--mode realistic``: three batches of ``trainer_step.py``'s realistic distribution instead (shared
 prompts, completions of 4-1,024 tokens), padded to bucket sizes as the trainer's CUDA-graph mode pads
-them; each shape is recorded at its second pass (:class:`LayerGraphs`), so a run's first steps hold
+them; each shape is recorded at its second pass, so a run's first steps hold
 the recordings.
 
-On the CPU (``--device cpu``, no CUDA graphs) the graphs side calls the same per-layer wrappers
-without recording: a check of the plumbing (the gradients must equal the plain model's).
+On the CPU (``--device cpu``, no CUDA graphs) the graph sides run their layers through the same
+routing without recording: a check of the plumbing (the gradients must equal the plain model's).
 
     python scripts/gpu/layer_graphs_check.py [--device cuda] [--model-config qwen2-0.5b] [--steps 6]
 """
@@ -48,90 +48,16 @@ from trainer_step import LORA_TARGETS, build_model  # noqa: E402
 
 from vf_rl.trainer.attention import register_attention  # noqa: E402
 from vf_rl.trainer.batching import Sample  # noqa: E402
+from vf_rl.trainer.layer_graphs import LayerGraphs  # noqa: E402
 from vf_rl.trainer.logprobs import packed_policy_logprobs  # noqa: E402
-from vf_rl.trainer.model import base_model, compile_layers  # noqa: E402
-from vf_rl.trainer.packing import PackedLayout, plan_micro_batches  # noqa: E402
+from vf_rl.trainer.model import compile_layers, decoder_layers  # noqa: E402
+from vf_rl.trainer.packing import plan_micro_batches  # noqa: E402
 
 
-class FlatLayer(torch.nn.Module):
-    """A decoder layer called with tensors only (``make_graphed_callables`` takes no other
-    arguments): the row's hidden states ``[1, N, H]``, RoPE's ``cos`` and ``sin`` ``[1, N, D]``,
-    the layout's ``cu_q`` and ``cu_k`` ``[S + 1]`` int32 and, with shared prompts, ``key_index``
-    ``[K]``; returns ``[1, N, H]``. The layout's host fields (longest segments, segment list) are
-    set before each call (``host``)."""
-
-    def __init__(self, layer: torch.nn.Module):
-        super().__init__()
-        self.layer = layer
-        self.host = (0, 0, [])
-
-    def forward(self, hidden, cos, sin, cu_q, cu_k, *key_index):
-        max_q, max_k, segments = self.host
-        layout = PackedLayout(cu_q, cu_k, key_index[0] if key_index else None, max_q, max_k, segments)
-        return self.layer(hidden, position_embeddings=(cos, sin), vf_rl_packing=layout)
-
-
-class LayerGraphs:
-    """Every decoder layer of ``model`` routed through a :class:`FlatLayer`; with ``record`` (a GPU),
-    the second pass of a row shape (``N``, segments, gathered keys) records every layer's forward
-    and backward for it (``make_graphed_callables``, one memory pool for every shape: a micro
-    batch's backward ends before the next forward), and later passes of that shape replay them.
-    The first pass of a shape runs the compiled layers as they are (compiling them if needed)."""
-
-    def __init__(self, model, record: bool):
-        self.flats, self.graphs, self.seen, self.record_s = [], {}, set(), 0.0
-        self.pool = torch.cuda.graph_pool_handle() if record else None
-        layers = base_model(model).model.layers
-        for i in range(len(layers)):
-            self.flats.append(FlatLayer(layers[i]))
-            layers[i] = Router(self, i)
-
-    def call(self, index: int, hidden, cos, sin, layout):
-        tensors = (hidden, cos, sin, layout.cu_q, layout.cu_k) + (
-            (layout.key_index,) if layout.key_index is not None else ())
-        key = tuple(t.shape[0] for t in tensors[3:]) + (hidden.shape[1],)
-        host = (layout.max_q, layout.max_k, layout.segments)
-        if index == 0 and self.pool is not None and key not in self.graphs:
-            if key in self.seen:
-                self._record(key, tensors, host)
-            self.seen.add(key)
-        self.flats[index].host = host
-        recorded = self.graphs.get(key)
-        return (recorded[index] if recorded else self.flats[index])(*tensors)
-
-    def _record(self, key, tensors, host) -> None:
-        start = time.perf_counter()
-        # make_graphed_callables replaces a module's forward with its graphed one: each shape records
-        # wrappers of its own around the same layers (the parameters stay shared), so the plain
-        # wrappers keep running the compiled layers for shapes not yet recorded.
-        wrappers = tuple(FlatLayer(flat.layer) for flat in self.flats)
-        for wrapper in wrappers:  # the layout's host fields of this shape, for every layer's recording
-            wrapper.host = host
-        hidden = tensors[0].detach()
-        sample = tuple((hidden.clone().requires_grad_(True),) + tuple(t.detach() for t in tensors[1:])
-                       for _ in wrappers)
-        self.graphs[key] = list(torch.cuda.make_graphed_callables(wrappers, sample, pool=self.pool))
-        torch.cuda.synchronize()
-        self.record_s += time.perf_counter() - start
-
-
-class Router(torch.nn.Module):
-    """Stands in the model's layer list for layer ``index``: takes transformers' call and hands
-    the tensors it needs to :meth:`LayerGraphs.call`."""
-
-    def __init__(self, graphs: LayerGraphs, index: int):
-        super().__init__()
-        self.index, self.owner = index, graphs
-        self.flat = graphs.flats[index]  # the layer's parameters stay in the model's
-
-    def forward(self, hidden_states, position_embeddings=None, vf_rl_packing=None, **_):
-        cos, sin = position_embeddings
-        return self.owner.call(self.index, hidden_states, cos, sin, vf_rl_packing)
-
-
-def build(args, device: torch.device, graphs: bool):
-    """The model of one side (same seed on both): LoRA, vf-rl's packed attention, compiled layers;
-    with ``graphs`` every layer routed through :class:`LayerGraphs` (recording on a GPU)."""
+def build(args, device: torch.device, graphs: bool, compile_layers_: bool | None = None):
+    """The model of one side (same seed on every side): LoRA, vf-rl's packed attention, compiled
+    layers (unless ``--no-compile`` or ``compile_layers_`` False); with ``graphs`` its layers routed
+    through :class:`LayerGraphs` (recording on a GPU); returns ``(model, LayerGraphs or None)``."""
     from peft import LoraConfig, get_peft_model
 
     model = build_model(args.model_config, device, torch.bfloat16, seed=0)
@@ -139,9 +65,9 @@ def build(args, device: torch.device, graphs: bool):
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=16, target_modules=LORA_TARGETS,
                                              init_lora_weights=False)).to(torch.bfloat16)
     model.set_attn_implementation(register_attention())
-    if args.compile:
+    if args.compile if compile_layers_ is None else compile_layers_:
         compile_layers(model)
-    return model, (LayerGraphs(model, record=device.type == "cuda") if graphs else None)
+    return model, (LayerGraphs(decoder_layers(model)) if graphs else None)
 
 
 def batches(args, device: torch.device) -> list[list]:
@@ -198,8 +124,11 @@ def step(model, micro_batches: list, optimizer) -> torch.Tensor:
     return grads
 
 
-def side(args, device: torch.device, graphs: bool) -> dict:
-    model, layer_graphs = build(args, device, graphs)
+def side(args, device: torch.device, name: str) -> dict:
+    """One side's run (``layers``, ``graphs`` or ``eager-graphs``): first step, timed steps, and the
+    first step's LoRA gradients of each batch."""
+    graphs = name != "layers"
+    model, layer_graphs = build(args, device, graphs, compile_layers_=args.compile and name != "eager-graphs")
     cycle = batches(args, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
@@ -224,7 +153,7 @@ def side(args, device: torch.device, graphs: bool) -> dict:
     mean = sum(times) / len(times)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else float("nan")
     recorded = f"{len(layer_graphs.graphs)} shape(s) recorded in {layer_graphs.record_s:.1f} s, " if graphs else ""
-    print(f"[{'graphs' if graphs else 'layers'}] first step {first_s:.1f} s, {recorded}step {mean:.3f} s "
+    print(f"[{name}] first step {first_s:.1f} s, {recorded}step {mean:.3f} s "
           f"({min(times):.3f}-{max(times):.3f}), {tokens / mean:,.0f} tokens/s, peak {peak:.2f} GiB", flush=True)
     return {"first": first, "first_s": first_s, "step_s": mean, "tokens_per_s": tokens / mean}
 
@@ -244,6 +173,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager layers (CPU plumbing check)")
+    p.add_argument("--sides", default="layers,graphs,eager-graphs",
+                   help="comma-separated, the first the reference: layers (compiled), graphs (compiled layers "
+                        "recorded), eager-graphs (eager layers recorded: no compile at all)")
     p.add_argument("--tol", type=float, default=2e-2, help="largest relative L2 gradient difference")
     return p.parse_args(argv)
 
@@ -251,14 +183,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
-    layers = side(args, device, graphs=False)
-    graphs = side(args, device, graphs=True)
-    diff = max(((g - a).norm() / a.norm()).item() for g, a in zip(graphs["first"], layers["first"]))
-    print(f"first steps' LoRA gradients (one per batch), graphs against layers: largest relative L2 difference "
-          f"{diff:.3e}; "
-          f"speed {graphs['tokens_per_s'] / layers['tokens_per_s']:.2f}x, first step "
-          f"{graphs['first_s']:.1f} s against {layers['first_s']:.1f} s", flush=True)
-    return 0 if diff <= args.tol else 1
+    names = args.sides.split(",")
+    runs = {name: side(args, device, name) for name in names}
+    ref = runs[names[0]]
+    worst = 0.0
+    for name in names[1:]:
+        r = runs[name]
+        diff = max(((g - a).norm() / a.norm()).item() for g, a in zip(r["first"], ref["first"]))
+        worst = max(worst, diff)
+        print(f"{name} against {names[0]}: first steps' LoRA gradients (one per batch), largest relative L2 "
+              f"difference {diff:.3e}; speed {r['tokens_per_s'] / ref['tokens_per_s']:.2f}x, first step "
+              f"{r['first_s']:.1f} s against {ref['first_s']:.1f} s", flush=True)
+    return 0 if worst <= args.tol else 1
 
 
 if __name__ == "__main__":

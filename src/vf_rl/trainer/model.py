@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import warnings
+from collections.abc import Callable
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, TrainerCallback
@@ -300,16 +301,44 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
         return False
     _compile_region(stack, backend, mode)  # a packed row's sizes dynamic; one recorded graph per padded shape
     if mode in CUDA_GRAPH_MODES:
-        trainable = [p for p in model.parameters() if p.requires_grad]
-
-        def begin_step(*_):
-            torch.compiler.cudagraph_mark_step_begin()
-            for p in trainable:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-
-        base.register_forward_pre_hook(begin_step)
+        _grads_before_forward(model, torch.compiler.cudagraph_mark_step_begin)
     return True
+
+
+def record_layer_graphs(model: torch.nn.Module) -> int:
+    """Each decoder layer's forward and backward recorded as CUDA graphs per padded shape and
+    replayed (``layer_graphs.LayerGraphs``, an experiment: the stack's speed without its compile
+    time), over the layers as they are (compiled by :func:`compile_layers`, or eager); every
+    trainable parameter gets a ``.grad`` before each forward, as with :func:`compile_stack`.
+    Micro batches should be padded to bucket sizes (``packing.pad_to_buckets``).
+
+    Returns:
+        the number of layers routed (0: the model has no repeated blocks, nothing records).
+    """
+    from .layer_graphs import LayerGraphs
+
+    layers = decoder_layers(model)
+    if layers:
+        LayerGraphs(layers)
+        _grads_before_forward(model)
+    return len(layers)
+
+
+def _grads_before_forward(model: torch.nn.Module, begin: Callable[[], None] | None = None) -> None:
+    """Before each forward of ``model`` (after ``begin``), a ``.grad`` of zeros for every trainable
+    parameter without one, so autograd adds a replayed backward's gradient into it in place rather
+    than taking the graph's output buffer, which the next replay overwrites (pytorch/pytorch#169545;
+    scripts/gpu/cudagraph_accum_check.py)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+
+    def before(*_):
+        if begin is not None:
+            begin()
+        for p in trainable:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    base_model(model).register_forward_pre_hook(before)
 
 
 def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> tuple[bool, str]:

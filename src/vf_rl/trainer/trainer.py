@@ -141,10 +141,9 @@ class RLTrainer(CheckpointingTrainer):
         starts, wait for it, start the orchestrator, then run ``Trainer.train``.
 
         Args:
-            resume_from_checkpoint: ``True`` (the last checkpoint in ``output_dir``) or a path;
-                default ``args.resume_from_checkpoint``. Steps, learning-rate schedule,
-                optimizer, RNG and dataset position continue from the checkpoint, and the
-                server gets the checkpoint's weights before the first batch is generated.
+            resume_from_checkpoint: ``True`` (the last checkpoint in ``output_dir``) or a path; default
+                ``args.resume_from_checkpoint``. Steps, learning-rate schedule, optimizer, RNG and dataset
+                position continue from the checkpoint; the server gets its weights before the first batch.
         """
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
@@ -362,6 +361,7 @@ class RLTrainer(CheckpointingTrainer):
                 for k, v in loss_stats.items():
                     v = v.detach().float()
                     sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
+                del logprobs, entropy, inputs, loss, loss_stats  # this graph gone before the next forward (layer_graphs)
         totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
         n = max(my_loss_tokens, 1)
         stats = {k: v if k.endswith("/max") else v / n for k, v in totals.items()}

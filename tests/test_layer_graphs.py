@@ -1,0 +1,137 @@
+"""vf_rl.trainer.layer_graphs (CUDA graphs recorded by hand over the decoder layers) and
+scripts/gpu/layer_graphs_check.py, on the CPU: ``torch.cuda.make_graphed_callables`` cannot record
+here, so a stand-in takes its place that does what torch's does to a module (replaces its
+``forward`` with a replay, which accepts inputs of the recorded shapes only) and replays by
+running the wrapped layer on the replay's inputs, or, ``stale``, on the recording's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
+import layer_graphs_check as check  # noqa: E402
+
+from vf_rl.trainer import layer_graphs  # noqa: E402
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    """Records the sample shapes of each recording and each replay; ``state["stale"] = True`` makes
+    replays run on the recording's inputs (a graph whose inputs were never copied in)."""
+    state = {"recordings": [], "replays": [], "stale": False}
+
+    def graphed(callables, sample, pool=None):
+        shapes = tuple(tuple(t.shape) for t in sample[0])
+        state["recordings"].append(shapes)
+
+        def replay(forward, recorded):
+            def run(*tensors):
+                assert tuple(tuple(t.shape) for t in tensors) == shapes, "a replay of another shape"
+                state["replays"].append(forward)
+                return forward(*(recorded if state["stale"] else tensors))
+            return run
+
+        for c, args in zip(callables, sample):
+            c.forward = replay(c.forward, args)
+        return callables
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", graphed)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(layer_graphs, "varlen_applies", lambda query, dropout=0.0: True)
+    return state
+
+
+def test_replayed_layers_train_as_the_layers_do(stand_in):
+    """The check script's graph side on the CPU (two batches of different row lengths, every
+    micro batch packed): its layers run through the tensor-only wrappers a recording replays, and
+    the first steps' LoRA gradients equal the plain model's; replays on stale inputs fail it."""
+    argv = ["--device", "cpu", "--model-config", "tiny", "--no-compile", "--batch", "8", "--micro-batch", "2",
+            "--prompt-len", "8", "--completion-len", "8", "--second-completion-len", "5", "--steps", "1",
+            "--warmup", "0", "--sides", "layers,graphs"]
+    assert check.main(argv) == 0
+    assert len(stand_in["recordings"]) == 2 and len(stand_in["replays"]) > 0  # each row length once
+    stand_in["stale"] = True
+    assert check.main(argv) == 1
+
+
+def test_a_shape_records_at_its_second_pass(stand_in):
+    """A row shape (length, segments, gathered keys) runs its first pass as it is, is recorded at
+    the start of its second pass (once, every layer, its layout's tensors among the inputs), and
+    replays after; a recording leaves other shapes' layers as they were; no-grad passes never
+    record or replay."""
+    args = check.parse_args(["--device", "cpu", "--model-config", "tiny", "--no-compile", "--mode", "realistic",
+                             "--batch", "16"])
+    model, graphs = check.build(args, torch.device("cpu"), graphs=True)
+    cycle = check.batches(args, torch.device("cpu"))
+    keys = [(mb.layout.cu_q.shape[0], mb.layout.cu_k.shape[0], mb.layout.key_index.shape[0], mb.input_ids.shape[1])
+            for plan in cycle for mb in plan]
+    recordings, replays = stand_in["recordings"], stand_in["replays"]
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    for plan in cycle:  # first passes: recorded only where a shape came twice
+        check.step(model, plan, optimizer)
+    twice = {k for k in keys if keys.count(k) > 1}
+    later = sum(k in keys[:i] for i, k in enumerate(keys))  # passes after a shape's first
+    assert len(graphs.graphs) == len(recordings) == len(twice) and len(replays) == later * len(graphs.layers)
+    for plan in cycle:  # every shape's second pass at the latest: recorded, and replayed from then on
+        check.step(model, plan, optimizer)
+    assert len(graphs.graphs) == len(recordings) == len(set(keys))
+    replays.clear()
+    for plan in cycle:
+        check.step(model, plan, optimizer)
+    assert len(replays) == len(keys) * len(graphs.layers) and len(recordings) == len(set(keys))
+    for shapes, key in zip(recordings, sorted(set(keys), key=keys.index)):
+        assert shapes[0][1] == key[3] and shapes[-3:] == ((key[0],), (key[1],), (key[2],))  # hidden ... layout
+    replays.clear()
+    with torch.no_grad():
+        check.packed_policy_logprobs(model, cycle[0][0])
+    assert not replays and len(recordings) == len(set(keys))
+
+
+def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monkeypatch, model_dir, tmp_path):
+    """``record_layer_graphs`` on an ``RLTrainer``'s model (SmolLM2, LoRA, micro batches padded to
+    bucket sizes): over two steps' forward/backward passes of one batch every shape is recorded
+    once, at its second pass, later passes replay with every trainable parameter holding a
+    ``.grad``, and each step's loss and adapter gradients equal the eager trainer's."""
+    from test_compile import _trainer, group_samples
+    from transformers import AutoTokenizer
+
+    from vf_rl.env_api import load_environment
+    from vf_rl.trainer.logprobs import selective_logprobs
+    from vf_rl.trainer.model import record_layer_graphs
+    from vf_rl.trainer.orchestrator import Batch
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    batch = Batch(step=0, samples=group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=5), rollouts=[],
+                  metrics={})
+    runs = {}
+    for name in ("eager", "graphs"):
+        trainer = _trainer(model_dir, tmp_path, name, tokenizer, env, micro_batch_tokens=40, torch_compile=False)
+        trainable = [p for p in trainer.model.parameters() if p.requires_grad]
+        ready = []
+        if name == "eager":  # sampling log-probs near the model's own, so the ratios stay unmasked
+            with torch.no_grad():
+                for s in batch.samples:
+                    ids = torch.tensor([s.input_ids])
+                    own, _ = selective_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:])
+                    s.sampling_logprobs = [0.0] + (own[0] + 0.05 * torch.randn(len(own[0]))).tolist()
+        if name == "graphs":
+            assert record_layer_graphs(trainer.model) == trainer.model.config.num_hidden_layers
+            trainer.cuda_graphs = True
+            original = layer_graphs._FlatLayer.forward
+            monkeypatch.setattr(layer_graphs._FlatLayer, "forward", lambda self, *t: ready.append(
+                all(p.grad is not None for p in trainable)) or original(self, *t))
+        runs[name] = []
+        for _ in range(2):
+            trainer.model.zero_grad(set_to_none=True)
+            loss, _ = trainer._train_on_batch(trainer.model, batch)
+            runs[name].append((float(loss), torch.cat([p.grad.flatten().clone() for p in trainable])))
+    assert len(stand_in["recordings"]) >= 1 and len(stand_in["replays"]) > 0 and ready and all(ready)
+    for (loss_ref, grads_ref), (loss, grads) in zip(runs["eager"], runs["graphs"]):
+        assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
+        assert float((grads - grads_ref).norm() / grads_ref.norm()) < 1e-4
