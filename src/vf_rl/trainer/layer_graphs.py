@@ -24,8 +24,10 @@ Requirements a caller keeps: no autograd graph of an earlier micro batch alive a
 and a recording's backward on the capture stream then waits on it: cudaErrorStreamCaptureImplicit);
 every trainable parameter with a ``.grad`` before a replayed backward (a graph's backward returns
 its static gradient buffers, which autograd would otherwise take as a parameter's ``.grad`` and the
-next replay overwrite: pytorch/pytorch#169545); no hooks on a layer's wrapper. Each recorded shape
-holds its layers' activations for good (about one micro batch's worth per shape).
+next replay overwrite: pytorch/pytorch#169545); no hooks on a layer's wrapper. Memory: a shape's
+graphs keep their inputs, outputs and gradient buffers; their activations, live only between a
+micro batch's forward and backward replays, come from the pool every shape shares, as micro
+batches run one after the other (graphs sharing a pool must replay in the order they recorded).
 """
 
 from __future__ import annotations
