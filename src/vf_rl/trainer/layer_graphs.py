@@ -26,8 +26,10 @@ every trainable parameter with a ``.grad`` before a replayed backward (a graph's
 its static gradient buffers, which autograd would otherwise take as a parameter's ``.grad`` and the
 next replay overwrite: pytorch/pytorch#169545); no hooks on a layer's wrapper. Memory: a shape's
 graphs keep their inputs, outputs and gradient buffers; their activations, live only between a
-micro batch's forward and backward replays, come from the pool every shape shares, as micro
-batches run one after the other (graphs sharing a pool must replay in the order they recorded).
+micro batch's forward and backward replays, come from the pool every shape shares: right as long
+as no other shape's graphs replay between a micro batch's forward and its backward (micro batches
+run one after the other; gradient checkpointing, which re-runs a forward inside the backward, is
+not supported).
 """
 
 from __future__ import annotations
