@@ -15,7 +15,8 @@ varlen kernel is keyed by the shapes, dtypes and ``requires_grad`` of its tensor
 its other arguments' values; a shape's first pass runs the compiled layers as they are, its second
 records every layer at once (at layer 0: forwards in order, backwards in reverse, one memory pool
 for every shape, since a micro batch's backward ends before the next forward), and later passes
-replay. Anything else (no-grad passes, eval, the CPU, padded batches) runs the compiled layers.
+replay. Anything else (no-grad passes, eval, recomputes inside a backward, the CPU, padded
+batches) runs the compiled layers.
 Rows should come in a few shapes: the trainer pads micro batches to bucket sizes
 (``packing.pad_to_buckets``) as it does for the stack's graphs.
 
@@ -28,8 +29,8 @@ next replay overwrite: pytorch/pytorch#169545); no hooks on a layer's wrapper. M
 graphs keep their inputs, outputs and gradient buffers; their activations, live only between a
 micro batch's forward and backward replays, come from the pool every shape shares: right as long
 as no other shape's graphs replay between a micro batch's forward and its backward (micro batches
-run one after the other; gradient checkpointing, which re-runs a forward inside the backward, is
-not supported).
+run one after the other; a forward that gradient checkpointing re-runs inside the backward runs
+the layers as they are).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class LayerGraphs:
         hidden = args[0] if args else kwargs.get("hidden_states")
         if (layout is None or not isinstance(hidden, torch.Tensor) or not torch.is_grad_enabled()
                 or not self.layers[index].training or not varlen_applies(hidden)
+                or torch._C._current_graph_task_id() != -1  # inside a backward: a checkpoint's recompute
                 or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())):
             return self.runs[index](*args, **kwargs)
         split = _split(args, kwargs)
