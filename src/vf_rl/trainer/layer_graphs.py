@@ -116,7 +116,7 @@ class LayerGraphs:
     def call(self, index: int, args: tuple, kwargs: dict):
         """Layer ``index``'s call: replayed, recorded or run compiled (module docstring)."""
         layout = kwargs.get("vf_rl_packing")
-        hidden = args[0] if args else kwargs.get("hidden_states")
+        hidden = args[0] if args else None  # transformers passes the hidden states first, positionally
         if (layout is None or not isinstance(hidden, torch.Tensor) or not torch.is_grad_enabled()
                 or not self.layers[index].training or not varlen_applies(hidden)
                 or torch._C._current_graph_task_id() != -1  # inside a backward: a checkpoint's recompute
