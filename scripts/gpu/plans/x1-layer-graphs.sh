@@ -1,8 +1,9 @@
 #!/bin/bash
 # One GPU, ~30 minutes and more (the last parts are cut where device time ends): per-layer CUDA graphs recorded by
-# hand (vf_rl/trainer/layer_graphs.py), first as the check script runs them, then through the trainer (trainer_step.py's vf-rl-layer-graphs side) against TRL compile and the
-# stack's graphs back to back on the realistic batch, then the four fixed cases, then issue 29's longest sequence
-# (x1-long320k.sh) in what device time is left. Empty inductor and Triton caches for each part.
+# hand (vf_rl/trainer/layer_graphs.py), first as the check script runs them, then through the trainer
+# (trainer_step.py's vf-rl-layer-graphs side) against TRL compile and the stack's graphs back to back on the realistic
+# batch, then the four fixed cases, then issue 29's longest sequence (x1-long320k.sh) in what device time is left.
+# Empty inductor and Triton caches for each part.
 #   1 (~4 min): scripts/gpu/layer_graphs_check.py, fixed Qwen2-0.5B LoRA (64 x (256 + 256), and a second row length),
 #     sides layers / graphs / eager-graphs: gradients against the compiled layers (rc 1 over 2e-2), tokens/s, first
 #     step, recording seconds (ao, compiled layers alone: 41,284 tokens/s, first step 17.7 s; the stack as inductor's
