@@ -46,11 +46,12 @@ def stand_in(monkeypatch):
     return state
 
 
-def test_replayed_layers_train_as_the_layers_do(stand_in):
+@pytest.mark.parametrize("model_config", ["tiny", "qwen2-narrow"])  # Llama's and Qwen2's layer calls
+def test_replayed_layers_train_as_the_layers_do(stand_in, model_config):
     """The check script's graph side on the CPU (two batches of different row lengths, every
     micro batch packed): its layers run through the tensor-only wrappers a recording replays, and
     the first steps' LoRA gradients equal the plain model's; replays on stale inputs fail it."""
-    argv = ["--device", "cpu", "--model-config", "tiny", "--no-compile", "--batch", "8", "--micro-batch", "2",
+    argv = ["--device", "cpu", "--model-config", model_config, "--no-compile", "--batch", "8", "--micro-batch", "2",
             "--prompt-len", "8", "--completion-len", "8", "--second-completion-len", "5", "--steps", "1",
             "--warmup", "0", "--sides", "layers,graphs"]
     assert check.main(argv) == 0
