@@ -35,7 +35,9 @@
 #            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py;
 #            MODEL_CONFIG (a trainer_step.py config, e.g. llama-1b) runs random weights of that shape instead
 #   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
-#            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects
+#            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects.
+#            The device tool gives the machine back ~30 s after a call ends, background plan or not: call `poll`
+#            again at once (POLL_S near the call's limit), and do local work only after the plan is collected
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
