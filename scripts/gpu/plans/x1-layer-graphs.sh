@@ -14,6 +14,9 @@
 #   4 (~9 min): TRL compile on the same realistic batch, back to back ((ah), another session: 30,775 tokens/s, steady
 #     45,862, first step 386 s)
 #   5 (~4 min): the stack's CUDA graphs on it (ao: 161,986 tokens/s, first step 150.3 s)
+#   5b (~2 min): fixed Qwen2-0.5B LoRA, per-layer compile, one step under torch.profiler and one under cProfile: where
+#     its host time goes (0.88 s a step, 37,275 tokens/s in (ao), against 0.335 s as the stack's graphs; realistic
+#     batches lose far less: 0.49 against 0.32 s)
 #   6 (~8 min): trainer_step.py fixed, the four cases (Qwen2-0.5B and Llama-1B, LoRA and full), vf-rl-layer-graphs
 #     (TRL's best per case and the stack's graphs: (ak))
 #   7: x1-long320k.sh (vf-rl at 327,680 tokens on a GPU capped at 79 GiB, then TRL offloaded at 163,840)
@@ -31,6 +34,10 @@ for side in vf-rl-layer-graphs trl-compile vf-rl-stack-cudagraphs; do
   fresh_caches
   MODE=realistic STEPS=6 LIMIT=600 SIDES=$side BENCH="qwen2-0.5b:lora" FG=1 bash $S best
 done
+fresh_caches
+timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config qwen2-0.5b --lora --batch 64 --micro-batch 8 \
+  --prompt-len 256 --completion-len 256 --steps 3 --warmup 2 --no-grad-check --sides vf-rl --profile --pyprofile \
+  > /tmp/e2e/profile-fixed-qwen2-0.5b-lora-layers.log 2>&1
 fresh_caches
 MODE=fixed STEPS=6 LIMIT=300 SIDES=vf-rl-layer-graphs FG=1 bash $S best
 bash scripts/gpu/plans/x1-long320k.sh
