@@ -54,9 +54,9 @@ from vf_rl.trainer.model import compile_layers, decoder_layers  # noqa: E402
 from vf_rl.trainer.packing import plan_micro_batches  # noqa: E402
 
 
-def build(args, device: torch.device, graphs: bool, compile_layers_: bool | None = None):
+def build(args, device: torch.device, graphs: bool, compiled: bool = True):
     """The model of one side (same seed on every side): LoRA, vf-rl's packed attention, compiled
-    layers (unless ``--no-compile`` or ``compile_layers_`` False); with ``graphs`` its layers routed
+    layers (unless ``--no-compile`` or ``compiled`` False); with ``graphs`` its layers routed
     through :class:`LayerGraphs` (recording on a GPU); returns ``(model, LayerGraphs or None)``."""
     from peft import LoraConfig, get_peft_model
 
@@ -65,7 +65,7 @@ def build(args, device: torch.device, graphs: bool, compile_layers_: bool | None
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=16, target_modules=LORA_TARGETS,
                                              init_lora_weights=False)).to(torch.bfloat16)
     model.set_attn_implementation(register_attention())
-    if args.compile if compile_layers_ is None else compile_layers_:
+    if args.compile and compiled:
         compile_layers(model)
     return model, (LayerGraphs(decoder_layers(model)) if graphs else None)
 
@@ -128,7 +128,7 @@ def side(args, device: torch.device, name: str) -> dict:
     """One side's run (``layers``, ``graphs`` or ``eager-graphs``): first step, timed steps, and the
     first step's LoRA gradients of each batch."""
     graphs = name != "layers"
-    model, layer_graphs = build(args, device, graphs, compile_layers_=args.compile and name != "eager-graphs")
+    model, layer_graphs = build(args, device, graphs, compiled=name != "eager-graphs")
     cycle = batches(args, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
