@@ -64,7 +64,7 @@ class _FlatLayer(torch.nn.Module):
         args, kwargs = tree_unflatten([next(it) if x is _TENSOR else x for x in leaves], spec)
         cu_q, cu_k, *key_index = tensors[n_call:]
         key_index = key_index[0] if key_index else None
-        n = tensors[0].shape[1] if tensors[0].dim() >= 2 else tensors[0].shape[0]
+        n = tensors[0].shape[1]  # the hidden states of the packed row, [1, N, H]
         # longest segments as upper bounds (what the compiled layer uses anyway), so a replay is right
         # for every micro batch of this shape
         layout = PackedLayout(cu_q, cu_k, key_index, n, key_index.shape[0] if key_index is not None else n,
