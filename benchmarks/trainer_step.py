@@ -948,7 +948,8 @@ def main(argv=None):
         device_name = torch.cuda.get_device_name(device)
         if args.gpu_gib:
             total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(args.gpu_gib * 2**30 / total, 1.0), device)
+            torch.cuda.set_per_process_memory_fraction(min(args.gpu_gib * 2**30 / total, 1.0),
+                                                      torch.cuda.current_device())  # needs an index
             device_name += f" (memory capped at {args.gpu_gib:g} GiB)"
     else:
         device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
