@@ -157,7 +157,7 @@ experiment on a host-bound step's launch cost.
 vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: that
 region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
 work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs.
-vf-rl-layer-graphs: the per-layer compile, each layer's forward and backward then recorded as CUDA graphs per
+vf-rl-layer-graphs: the per-layer compile, the layers' forward and backward then recorded as one CUDA graph each per
 padded shape (``vf_rl.trainer.model.record_layer_graphs``, an experiment) and micro batches padded as for the stack's
 graphs.
 vf-rl-stack-autotune: the same with ``torch_compile_mode = "max-autotune"`` (inductor also benchmarks
@@ -509,7 +509,7 @@ class VfSide:
 
             record_layer_graphs(self.model)
             self.trainer.cuda_graphs = True  # micro batches padded to bucket sizes
-            self.mode = "RLTrainer._train_on_batch, compiled decoder layers recorded as CUDA graphs per padded shape"
+            self.mode = "RLTrainer._train_on_batch, compiled decoder layers recorded as one CUDA graph per padded shape"
         elif self.trainer.cuda_graphs:
             self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs "
                          f"({config.torch_compile_mode})")

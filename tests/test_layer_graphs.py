@@ -2,7 +2,7 @@
 scripts/gpu/layer_graphs_check.py, on the CPU: ``torch.cuda.make_graphed_callables`` cannot record
 here, so a stand-in takes its place that does what torch's does to a module (replaces its
 ``forward`` with a replay, which accepts inputs of the recorded shapes only) and replays by
-running the wrapped layer on the replay's inputs, or, ``stale``, on the recording's."""
+running the wrapped layers on the replay's inputs, or, ``stale``, on the recording's."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def stand_in(monkeypatch):
     state = {"recordings": [], "replays": [], "stale": False}
 
     def graphed(callables, sample, pool=None):
+        single = not isinstance(callables, tuple)
+        callables, sample = ((callables,), (sample,)) if single else (callables, sample)
         shapes = tuple(tuple(t.shape) for t in sample[0])
         state["recordings"].append(shapes)
 
@@ -37,7 +39,7 @@ def stand_in(monkeypatch):
 
         for c, args in zip(callables, sample):
             c.forward = replay(c.forward, args)
-        return callables
+        return callables[0] if single else callables
 
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", graphed)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
@@ -49,7 +51,7 @@ def stand_in(monkeypatch):
 @pytest.mark.parametrize("model_config", ["tiny", "qwen2-narrow"])  # Llama's and Qwen2's layer calls
 def test_replayed_layers_train_as_the_layers_do(stand_in, model_config):
     """The check script's graph side on the CPU (two batches of different row lengths, every
-    micro batch packed): its layers run through the tensor-only wrappers a recording replays, and
+    micro batch packed): its layers run through the tensor-only wrapper a recording replays, and
     the first steps' LoRA gradients equal the plain model's; replays on stale inputs fail it."""
     argv = ["--device", "cpu", "--model-config", model_config, "--no-compile", "--batch", "8", "--micro-batch", "2",
             "--prompt-len", "8", "--completion-len", "8", "--second-completion-len", "5", "--steps", "1",
@@ -62,9 +64,9 @@ def test_replayed_layers_train_as_the_layers_do(stand_in, model_config):
 
 def test_a_shape_records_at_its_second_pass(stand_in):
     """A row shape (length, segments, gathered keys) runs its first pass as it is, is recorded at
-    the start of its second pass (once, every layer, its layout's tensors among the inputs), and
-    replays after; a recording leaves other shapes' layers as they were; no-grad passes never
-    record or replay."""
+    the start of its second pass (once, every layer in one graph, its layout's tensors among the
+    inputs), and replays after, one replay per pass; a recording leaves other shapes' layers as they
+    were; no-grad passes never record or replay."""
     args = check.parse_args(["--device", "cpu", "--model-config", "tiny", "--no-compile", "--mode", "realistic",
                              "--batch", "16"])
     model, graphs = check.build(args, torch.device("cpu"), graphs=True)
@@ -77,14 +79,14 @@ def test_a_shape_records_at_its_second_pass(stand_in):
         check.step(model, plan, optimizer)
     twice = {k for k in keys if keys.count(k) > 1}
     later = sum(k in keys[:i] for i, k in enumerate(keys))  # passes after a shape's first
-    assert len(graphs.graphs) == len(recordings) == len(twice) and len(replays) == later * len(graphs.layers)
+    assert len(graphs.graphs) == len(recordings) == len(twice) and len(replays) == later
     for plan in cycle:  # every shape's second pass at the latest: recorded, and replayed from then on
         check.step(model, plan, optimizer)
     assert len(graphs.graphs) == len(recordings) == len(set(keys))
     replays.clear()
     for plan in cycle:
         check.step(model, plan, optimizer)
-    assert len(replays) == len(keys) * len(graphs.layers) and len(recordings) == len(set(keys))
+    assert len(replays) == len(keys) and len(recordings) == len(set(keys))
     for shapes, key in zip(recordings, sorted(set(keys), key=keys.index)):
         assert shapes[0][1] == key[3] and shapes[-3:] == ((key[0],), (key[1],), (key[2],))  # hidden ... layout
     replays.clear()
@@ -124,8 +126,8 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
         if name == "graphs":
             assert record_layer_graphs(trainer.model) == trainer.model.config.num_hidden_layers
             trainer.cuda_graphs = True
-            original = layer_graphs._FlatLayer.forward
-            monkeypatch.setattr(layer_graphs._FlatLayer, "forward", lambda self, *t: ready.append(
+            original = layer_graphs._FlatStack.forward
+            monkeypatch.setattr(layer_graphs._FlatStack, "forward", lambda self, *t: ready.append(
                 all(p.grad is not None for p in trainable)) or original(self, *t))
         runs[name] = []
         for _ in range(2):
@@ -136,3 +138,64 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
     for (loss_ref, grads_ref), (loss, grads) in zip(runs["eager"], runs["graphs"]):
         assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
         assert float((grads - grads_ref).norm() / grads_ref.norm()) < 1e-4
+
+
+class _Toy(torch.nn.Module):
+    """A decoder layer's calling convention: hidden states first, keyword arguments, the packed
+    layout; ``extra`` returns a second output as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, hidden, scale=1.0, extra=False, vf_rl_packing=None):
+        out = torch.tanh(self.lin(hidden)) * scale
+        return (out, out.sum()) if extra else out
+
+
+def _toy_pass(layers, hidden, layout, between=None, kwargs=None, upto=None):
+    """The decoder's loop over ``layers[:upto]``: ``between(i, h)`` changes layer ``i``'s input,
+    ``kwargs(i)`` its keyword arguments."""
+    for i, layer in enumerate(layers[:upto]):
+        out = layer(between(i, hidden) if between else hidden, vf_rl_packing=layout, **(kwargs(i) if kwargs else {}))
+        hidden = out[0] if isinstance(out, tuple) else out
+    return hidden
+
+
+@pytest.mark.parametrize("variant", ["plain", "other arguments", "changed between", "extra output", "fewer layers"])
+def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
+    """One graph stands for the layers' loop only when the first pass of a shape called every
+    layer in order, each on the previous one's output and with layer 0's other arguments, each
+    returning its hidden states alone; other loops run the layers as they are, with the same
+    results; a loop that changes after its recording fails loudly instead of replaying."""
+    from vf_rl.trainer.packing import PackedLayout
+
+    torch.manual_seed(0)
+    layers = [_Toy().train() for _ in range(3)]
+    reference = [_Toy().train() for _ in range(3)]
+    for ref, layer in zip(reference, layers):
+        ref.load_state_dict(layer.state_dict())
+    graphs = layer_graphs.LayerGraphs(layers)
+    layout = PackedLayout(torch.tensor([0, 5]), torch.tensor([0, 5]), None, 5, 5, [(0, 5, 0, 5)])
+    how = {"other arguments": dict(kwargs=lambda i: {"scale": 2.0} if i == 1 else {}),
+           "changed between": dict(between=lambda i, h: h * 2 if i == 1 else h),
+           "extra output": dict(kwargs=lambda i: {"extra": True}),
+           "fewer layers": dict(upto=2)}.get(variant, {})
+    x = torch.randn(1, 5, 4)
+    for _ in range(3):
+        hidden = x.clone().requires_grad_(True)
+        out = _toy_pass(layers, hidden, layout, **how)
+        out.sum().backward()
+        expected_in = x.clone().requires_grad_(True)
+        expected = _toy_pass(reference, expected_in, layout, **how)
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(hidden.grad, expected_in.grad)
+        for ref, layer in zip(reference, layers):
+            torch.testing.assert_close(layer.lin.weight.grad, ref.lin.weight.grad)
+    if variant != "plain":
+        assert not graphs.graphs and not stand_in["recordings"] and not stand_in["replays"]
+        return
+    assert len(stand_in["recordings"]) == 1 and len(stand_in["replays"]) == 2  # passes 2 and 3, one graph each
+    with pytest.raises(RuntimeError, match="decoder layer 1 was called on other hidden states"):
+        _toy_pass(layers, x.clone().requires_grad_(True), layout, between=lambda i, h: h * 2 if i == 1 else h)

@@ -69,9 +69,15 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
         assert shape.params == record["n_params"], name  # the parameter count is exact
         if args["lora"]:
             assert shape.lora_params(args["lora_rank"]) == result["trainable_params"], name
+        if "recorded as CUDA graphs per padded shape" in mode:
+            # (ap)'s layer graphs, one recording per layer: each kept its own input, output and
+            # gradient buffers per shape (4 x layers x row x hidden), which the one recording of
+            # every layer since keeps once; not what runs now
+            continue
         cuda_graphs = "decoder stack compiled as one region of CUDA graphs" in mode
         overrides = {"padding_free": "padding_free=False" not in mode, "share_prompts": "share_prompts=False" not in mode,
-                     "bucketed": cuda_graphs}  # CUDA graphs: passes padded to bucket sizes, as the trainer runs them
+                     # CUDA graphs: passes padded to bucket sizes, as the trainer runs them
+                     "bucketed": cuda_graphs or "recorded as one CUDA graph per padded shape" in mode}
         passes = measured_passes(args, overrides)
         # fused layers: compiled (the default on a GPU), or liger-kernel on an eager side
         eager = "torch_compile off" in mode or "torch_compile=False" in mode

@@ -1,5 +1,5 @@
-"""Whether per-layer CUDA graphs captured by hand (``torch.cuda.make_graphed_callables`` over the
-compiled decoder layers) train as the compiled layers do, and how fast: an experiment for issue 29.
+"""Whether CUDA graphs captured by hand (``torch.cuda.make_graphed_callables`` over the compiled
+decoder layers) train as the compiled layers do, and how fast: an experiment for issue 29.
 
 The CUDA-graph mode the trainer ships (``torch_compile_mode = "reduce-overhead"``) compiles the
 whole decoder stack as one region: 1.99x TRL's best on fixed-length Qwen2-0.5B LoRA, but a first
@@ -7,20 +7,23 @@ step of 90-112 s (inductor compiles 24 layers), against 21 s for per-layer regio
 bound by the host's launches (benchmarks/RESULTS.md, ak, an). inductor's CUDA graphs cannot replay
 per-layer regions with torch 2.11 (one compiled function called on its own output,
 pytorch/pytorch#152887). ``vf_rl.trainer.layer_graphs`` keeps the per-layer compile and records
-each layer's forward and backward as graphs of its own with ``make_graphed_callables``: a pass then
-replays 2 x layers graphs instead of launching every kernel from Python.
+the layers' forward and backward, one graph each per shape, with ``make_graphed_callables``: a pass
+then replays two graphs instead of launching every kernel from Python.
 
 Sides, same random Qwen2-0.5B-shaped model with LoRA r16 on the seven projections (bf16, adapters
 too), the same packed micro batches of the fixed batch (64 x (256 + 256) tokens, micro batch 8) and
 of a second batch of another row length (192-token completions), steps alternating between the two:
-``layers`` (``compile_layers``, the trainer's default), ``graphs`` (the same compiled layers, each
-called through the graphs ``vf_rl.trainer.layer_graphs.LayerGraphs`` records for the row's shape)
-and ``eager-graphs`` (the layers not compiled, recorded the same way: no compile at all).
+``layers`` (``compile_layers``, the trainer's default), ``eager`` (the layers not compiled: how far
+two right answers lie apart in bf16), ``graphs`` (the same compiled layers, called through the graphs
+``vf_rl.trainer.layer_graphs.LayerGraphs`` records for the row's shape) and ``eager-graphs`` (the
+layers not compiled, recorded the same way: no compile at all).
 Printed per side: first step (compile and recording included; a side after the first finds the
 layers' code compiled in this process, so what it adds to a first step is its recording time,
 printed apart), step time and tokens/s over the timed steps, peak memory; and the relative L2
 difference of each batch's first-step LoRA gradients against the first side (a graph that replays
-stale inputs, or a shape that overwrote another's memory, would show there).
+stale inputs, or a shape that overwrote another's memory, would show there). Exit status 1 when a
+graph side's difference is over ``--tol`` and over the ``eager`` side's (the bf16 floor; H200, ap:
+2.6e-02 for the graphs, 3.5e-02 for eager layers recorded).
 
 ``--mode realistic``: three batches of ``trainer_step.py``'s realistic distribution instead (shared
 prompts, completions of 4-1,024 tokens), padded to bucket sizes as the trainer's CUDA-graph mode pads
@@ -125,10 +128,10 @@ def step(model, micro_batches: list, optimizer) -> torch.Tensor:
 
 
 def side(args, device: torch.device, name: str) -> dict:
-    """One side's run (``layers``, ``graphs`` or ``eager-graphs``): first step, timed steps, and the
-    first step's LoRA gradients of each batch."""
-    graphs = name != "layers"
-    model, layer_graphs = build(args, device, graphs, compiled=name != "eager-graphs")
+    """One side's run (``layers``, ``eager``, ``graphs`` or ``eager-graphs``): first step, timed
+    steps, and the first step's LoRA gradients of each batch."""
+    graphs = name.endswith("graphs")
+    model, layer_graphs = build(args, device, graphs, compiled=not name.startswith("eager"))
     cycle = batches(args, device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     for p in trainable:
@@ -173,10 +176,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager layers (CPU plumbing check)")
-    p.add_argument("--sides", default="layers,graphs,eager-graphs",
-                   help="comma-separated, the first the reference: layers (compiled), graphs (compiled layers "
-                        "recorded), eager-graphs (eager layers recorded: no compile at all)")
-    p.add_argument("--tol", type=float, default=2e-2, help="largest relative L2 gradient difference")
+    p.add_argument("--sides", default="layers,eager,graphs,eager-graphs",
+                   help="comma-separated, the first the reference: layers (compiled), eager (not compiled), graphs "
+                        "(compiled layers recorded), eager-graphs (eager layers recorded: no compile at all)")
+    p.add_argument("--tol", type=float, default=2e-2,
+                   help="largest relative L2 gradient difference of a graph side (or the eager side's, if larger)")
     return p.parse_args(argv)
 
 
@@ -186,15 +190,15 @@ def main(argv=None) -> int:
     names = args.sides.split(",")
     runs = {name: side(args, device, name) for name in names}
     ref = runs[names[0]]
-    worst = 0.0
+    diffs = {}
     for name in names[1:]:
         r = runs[name]
-        diff = max(((g - a).norm() / a.norm()).item() for g, a in zip(r["first"], ref["first"]))
-        worst = max(worst, diff)
+        diffs[name] = max(((g - a).norm() / a.norm()).item() for g, a in zip(r["first"], ref["first"]))
         print(f"{name} against {names[0]}: first steps' LoRA gradients (one per batch), largest relative L2 "
-              f"difference {diff:.3e}; speed {r['tokens_per_s'] / ref['tokens_per_s']:.2f}x, first step "
+              f"difference {diffs[name]:.3e}; speed {r['tokens_per_s'] / ref['tokens_per_s']:.2f}x, first step "
               f"{r['first_s']:.1f} s against {ref['first_s']:.1f} s", flush=True)
-    return 0 if worst <= args.tol else 1
+    bar = max(args.tol, diffs.get("eager", 0.0))
+    return 0 if all(d <= bar for name, d in diffs.items() if name.endswith("graphs")) else 1
 
 
 if __name__ == "__main__":

@@ -5,18 +5,23 @@ H200: 37,275 tokens/s with per-layer compiled regions, 97,803 with the whole dec
 inductor's CUDA graphs; benchmarks/RESULTS.md, ao). The stack's graphs cost a 24-layer compile
 (150 s before the first step) and inductor cannot replay per-layer regions with torch 2.11 (one
 compiled function called on its own output, pytorch/pytorch#152887). :class:`LayerGraphs` keeps the
-per-layer compile (one graph for every layer, ~15-20 s) and records each layer's forward and
-backward with ``torch.cuda.make_graphed_callables`` per input shape: a training pass of a recorded
-shape then replays 2 x layers graphs instead of launching every kernel from Python.
+per-layer compile (one graph for every layer, ~15-20 s) and records the layers' forward and
+backward, all layers in one graph each, with ``torch.cuda.make_graphed_callables`` per input
+shape: a training pass of a recorded shape then replays two graphs instead of launching every
+kernel from Python.
 
 How it runs: each compiled layer's call goes through :meth:`LayerGraphs.call`. A training
 forward (grad enabled, the layer in train mode) on a packed CUDA row whose attention runs the
 varlen kernel is keyed by the shapes, dtypes and ``requires_grad`` of its tensor arguments and
-its other arguments' values; a shape's first pass runs the compiled layers as they are, its second
-records every layer at once (at layer 0: forwards in order, backwards in reverse, one memory pool
-for every shape, since a micro batch's backward ends before the next forward), and later passes
-replay. Anything else (no-grad passes, eval, recomputes inside a backward, the CPU, padded
-batches) runs the compiled layers.
+its other arguments' values. A shape's first pass runs the compiled layers as they are and checks
+that the decoder calls them in order, each on the previous one's output, all with the same
+arguments otherwise, and that each returns its hidden states alone (a tensor or a 1-tuple): only
+then can one graph stand for the loop. Its second pass records, at layer 0 (every layer's forward
+in order, then the backwards in reverse, into one memory pool that every shape shares, since a
+micro batch's backward ends before the next forward), and replays; layer 0's call then returns
+the last layer's output, and the later layers' calls hand it on. Anything else (no-grad passes,
+eval, recomputes inside a backward, the CPU, padded batches, models whose loop the check refuses)
+runs the compiled layers.
 Rows should come in a few shapes: the trainer pads micro batches to bucket sizes
 (``packing.pad_to_buckets``) as it does for the stack's graphs.
 
@@ -25,12 +30,12 @@ Requirements a caller keeps: no autograd graph of an earlier micro batch alive a
 and a recording's backward on the capture stream then waits on it: cudaErrorStreamCaptureImplicit);
 every trainable parameter with a ``.grad`` before a replayed backward (a graph's backward returns
 its static gradient buffers, which autograd would otherwise take as a parameter's ``.grad`` and the
-next replay overwrite: pytorch/pytorch#169545); no hooks on a layer's wrapper. Memory: a shape's
-graphs keep their inputs, outputs and gradient buffers; their activations, live only between a
-micro batch's forward and backward replays, come from the pool every shape shares: right as long
-as no other shape's graphs replay between a micro batch's forward and its backward (micro batches
-run one after the other; a forward that gradient checkpointing re-runs inside the backward runs
-the layers as they are).
+next replay overwrite: pytorch/pytorch#169545); no hooks on the layers. Memory: a shape's graphs
+keep their inputs, output and gradient buffers (the row's hidden states four times); their
+activations, live only between a micro batch's forward and backward replays, come from the pool
+every shape shares: right as long as no other shape's graphs replay between a micro batch's
+forward and its backward (micro batches run one after the other; a forward that gradient
+checkpointing re-runs inside the backward runs the layers as they are).
 """
 
 from __future__ import annotations
@@ -47,21 +52,20 @@ from .packing import PackedLayout
 _TENSOR = object()  # a tensor's place among a call's arguments
 
 
-class _FlatLayer(torch.nn.Module):
-    """One layer called with tensors only, as ``make_graphed_callables`` takes it: the call's
-    tensor arguments in order, then the layout's ``cu_q``, ``cu_k`` (and ``key_index``). Its
-    parameters are the layer's (one wrapper per recorded shape: recording replaces a module's
-    ``forward``)."""
+class _FlatStack(torch.nn.Module):
+    """The layers run one after another, called with tensors only, as ``make_graphed_callables``
+    takes a module: the first layer's tensor arguments in order (its hidden states first), then the
+    layout's ``cu_q``, ``cu_k`` (and ``key_index``); every later layer gets the previous one's
+    output as its hidden states and the same other arguments. Its parameters are the layers' (one
+    wrapper per recorded shape: recording replaces a module's ``forward``)."""
 
-    def __init__(self, layer: torch.nn.Module, run: Callable, form: tuple):
+    def __init__(self, layers: list[torch.nn.Module], runs: list[Callable], form: tuple):
         super().__init__()
-        self.layer, self.run, self.form = layer, run, form
+        self.layers, self.runs, self.form = torch.nn.ModuleList(layers), runs, form
 
-    def forward(self, *tensors: torch.Tensor):
+    def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
         spec, leaves, n_layout, segments = self.form
         n_call = len(tensors) - n_layout
-        it = iter(tensors[:n_call])
-        args, kwargs = tree_unflatten([next(it) if x is _TENSOR else x for x in leaves], spec)
         cu_q, cu_k, *key_index = tensors[n_call:]
         key_index = key_index[0] if key_index else None
         n = tensors[0].shape[1]  # the hidden states of the packed row, [1, N, H]
@@ -69,11 +73,17 @@ class _FlatLayer(torch.nn.Module):
         # for every micro batch of this shape
         layout = PackedLayout(cu_q, cu_k, key_index, n, key_index.shape[0] if key_index is not None else n,
                               segments)
-        return self.run(*args, vf_rl_packing=layout, **kwargs)
+        hidden = tensors[0]
+        for run in self.runs:
+            it = iter((hidden,) + tensors[1:n_call])
+            args, kwargs = tree_unflatten([next(it) if x is _TENSOR else x for x in leaves], spec)
+            out = run(*args, vf_rl_packing=layout, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+        return hidden
 
 
 def _split(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], tuple, Hashable] | None:
-    """A layer call's tensors (its own, then the layout's), the form :class:`_FlatLayer` rebuilds
+    """A layer call's tensors (its own, then the layout's), the form :class:`_FlatStack` rebuilds
     it from, and the key of its shape; None when a non-tensor argument cannot be keyed."""
     layout: PackedLayout = kwargs["vf_rl_packing"]
     leaves, spec = tree_flatten((args, {k: v for k, v in kwargs.items() if k != "vf_rl_packing"}))
@@ -91,65 +101,119 @@ def _split(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], tuple, Hashab
     return tensors, (spec, fixed, len(layout_tensors), layout.segments), key
 
 
+def _hidden_out(out) -> torch.Tensor | None:
+    """A layer's output hidden states when that is all it returns (a tensor or a 1-tuple), else None."""
+    if isinstance(out, tuple) and len(out) == 1:
+        out = out[0]
+    return out if isinstance(out, torch.Tensor) else None
+
+
 class LayerGraphs:
     """Routes the compiled ``layers`` (``model.compile_layers``) through per-shape CUDA graphs.
 
     Args:
-        layers: the decoder layers, compiled (``_compiled_call_impl``, which then runs them) or not
-            (their own ``_call_impl``: eager kernels, replayed the same way).
+        layers: the decoder layers in the order the model calls them, compiled
+            (``_compiled_call_impl``, which then runs them) or not (their own ``_call_impl``: eager
+            kernels, replayed the same way).
 
     Attributes:
-        graphs: key -> one graphed callable per layer, for each recorded shape.
+        graphs: key -> ``(graphed stack, its hidden input's requires_grad, layers return 1-tuples)``
+            for each recorded shape.
+        seen: key -> whether the layers return 1-tuples, for each shape whose first pass ran every
+            layer as one graph can stand for (module docstring).
         record_s: seconds spent recording (warm-up iterations and capture), all shapes.
+
+    Raises:
+        RuntimeError: (from a layer's call) a replayed pass whose next layer is called on other hidden
+            states than the graph's output: the model changed between the check and the replay.
     """
 
     def __init__(self, layers: list[torch.nn.Module]):
         self.layers = list(layers)
         self.runs = [layer._compiled_call_impl or layer._call_impl for layer in self.layers]
-        self.graphs: dict[Hashable, list[Callable]] = {}
-        self.seen: set[Hashable] = set()
+        self.graphs: dict[Hashable, tuple[Callable, bool, bool]] = {}
+        self.seen: dict[Hashable, bool] = {}
         self.record_s = 0.0
         self.pool = None  # one memory pool for every shape's graphs, made at the first recording
+        self._trace: list | None = None  # a first pass under check: [key, next layer, its input, 1-tuples]
+        self._through: tuple | None = None  # a replayed pass: (next layer, the graph's output, what to return)
         for i, layer in enumerate(self.layers):
             layer._compiled_call_impl = (lambda i: lambda *a, **k: self.call(i, a, k))(i)
 
     def call(self, index: int, args: tuple, kwargs: dict):
-        """Layer ``index``'s call: replayed, recorded or run compiled (module docstring)."""
+        """Layer ``index``'s call: replayed, recorded, handed on or run compiled (module docstring)."""
+        if index == 0:
+            self._through = self._trace = None
+        elif self._through is not None:
+            return self._hand_on(index, args)
         layout = kwargs.get("vf_rl_packing")
         hidden = args[0] if args else None  # transformers passes the hidden states first, positionally
-        if (layout is None or not isinstance(hidden, torch.Tensor) or not torch.is_grad_enabled()
-                or not self.layers[index].training or not varlen_applies(hidden)
-                or torch._C._current_graph_task_id() != -1  # inside a backward: a checkpoint's recompute
-                or (hidden.is_cuda and torch.cuda.is_current_stream_capturing())):
-            return self.runs[index](*args, **kwargs)
-        split = _split(args, kwargs)
+        split = None
+        if (layout is not None and isinstance(hidden, torch.Tensor) and torch.is_grad_enabled()
+                and self.layers[index].training and varlen_applies(hidden)
+                and torch._C._current_graph_task_id() == -1  # not inside a backward: a checkpoint's recompute
+                and not (hidden.is_cuda and torch.cuda.is_current_stream_capturing())):
+            split = _split(args, kwargs)
         if split is None:
+            self._trace = None
             return self.runs[index](*args, **kwargs)
         tensors, form, key = split
         if index == 0:
-            if key not in self.graphs and key in self.seen:
-                self._record(key, tensors, form)
-            self.seen.add(key)
-        graphs = self.graphs.get(key)
-        return graphs[index](*tensors) if graphs else self.runs[index](*args, **kwargs)
+            recorded = self.graphs.get(key)
+            if recorded is None and key in self.seen:
+                recorded = self._record(key, tensors, form)
+            if recorded is not None and recorded[1] == hidden.requires_grad:
+                graphed, _, one_tuple = recorded
+                out = graphed(*tensors)
+                ret = (out,) if one_tuple else out
+                if len(self.layers) > 1:
+                    self._through = (1, out, ret)
+                return ret
+            self._trace = [key, 0, hidden, None]
+        out = self.runs[index](*args, **kwargs)
+        self._check(index, key, hidden, out)
+        return out
 
-    def _record(self, key: Hashable, tensors: list[torch.Tensor], form: tuple) -> None:
+    def _check(self, index: int, key: Hashable, hidden: torch.Tensor, out) -> None:
+        """A first pass's layer ``index`` (input ``hidden``, output ``out``) continues the trace:
+        the same key, the next index, the previous layer's output as its input, its hidden states
+        alone as its output; the last layer's completes it (``seen``). Anything else ends it."""
+        trace, result = self._trace, _hidden_out(out)
+        if (trace is None or trace[0] != key or trace[1] != index or trace[2] is not hidden or result is None
+                or trace[3] not in (None, isinstance(out, tuple))):
+            self._trace = None
+            return
+        trace[1:] = [index + 1, result, isinstance(out, tuple)]
+        if index == len(self.layers) - 1:
+            self.seen[key] = trace[3]
+            self._trace = None
+
+    def _hand_on(self, index: int, args: tuple):
+        """A later layer's call in a replayed pass: the graph ran it already; its output is the graph's."""
+        expected, out, ret = self._through
+        if index != expected or not args or args[0] is not out:
+            self._through = None
+            raise RuntimeError(f"layer graphs: decoder layer {index} was called on other hidden states than the "
+                               f"recorded layers' output (layer {expected} on it was expected)")
+        self._through = None if index == len(self.layers) - 1 else (index + 1, out, ret)
+        return ret
+
+    def _record(self, key: Hashable, tensors: list[torch.Tensor], form: tuple) -> tuple[Callable, bool, bool]:
         start = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        flats = tuple(_FlatLayer(layer, run, form) for layer, run in zip(self.layers, self.runs))
-        # sample inputs of their own (a replay copies its inputs into them); every layer's input has
-        # the first one's shape, and requires grad from the first layer with a trainable parameter on
-        sample, grad = [], tensors[0].requires_grad
-        for layer in self.layers:
-            hidden = tensors[0].detach().clone().requires_grad_(grad)
-            sample.append((hidden,) + tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in tensors[1:]))
-            grad = grad or any(p.requires_grad for p in layer.parameters())
+        stack = _FlatStack(self.layers, self.runs, form)
+        # sample inputs of its own (a replay copies its inputs into them)
+        sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in tensors)
         cache = torch.is_autocast_cache_enabled()
-        torch.set_autocast_cache_enabled(False)  # make_graphed_callables refuses autocast's weight cache
+        autocast = torch.is_autocast_enabled("cuda")
+        if autocast:  # make_graphed_callables refuses autocast's weight cache (turning it off recompiles)
+            torch.set_autocast_cache_enabled(False)
         try:
-            self.graphs[key] = list(torch.cuda.make_graphed_callables(flats, tuple(sample), pool=self.pool))
+            graphed = torch.cuda.make_graphed_callables(stack, sample, pool=self.pool)
         finally:
             torch.set_autocast_cache_enabled(cache)
         torch.cuda.synchronize()
         self.record_s += time.perf_counter() - start
+        self.graphs[key] = (graphed, tensors[0].requires_grad, self.seen[key])
+        return self.graphs[key]

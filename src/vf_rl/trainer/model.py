@@ -306,8 +306,8 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
 
 
 def record_layer_graphs(model: torch.nn.Module) -> int:
-    """Each decoder layer's forward and backward recorded as CUDA graphs per padded shape and
-    replayed (``layer_graphs.LayerGraphs``, an experiment: the stack's speed without its compile
+    """The decoder layers' forward and backward recorded as one CUDA graph each per padded shape
+    and replayed (``layer_graphs.LayerGraphs``, an experiment: the stack's speed without its compile
     time), over the layers as they are (compiled by :func:`compile_layers`, or eager); every
     trainable parameter gets a ``.grad`` before each forward, as with :func:`compile_stack`.
     Micro batches should be padded to bucket sizes (``packing.pad_to_buckets``).
