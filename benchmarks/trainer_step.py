@@ -148,20 +148,20 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
                "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
                "vf-rl-stack": {"torch_compile": False},
-               "vf-rl-stack-cudagraphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
-               "vf-rl-layer-graphs": {"torch_compile": True},
+               "vf-rl-stack-cudagraphs": {"torch_compile": False},
+               "vf-rl-layer-graphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
                "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
 """vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
 (``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
 experiment on a host-bound step's launch cost.
-vf-rl-stack-cudagraphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: that
-region as CUDA graphs (one forward and one backward graph per input shape, replayed without host
-work) and micro batches padded to a few shapes. On the CPU inductor skips the CUDA graphs.
-vf-rl-layer-graphs: the per-layer compile, the layers' forward and backward then recorded as one CUDA graph each per
-padded shape (``vf_rl.trainer.model.record_layer_graphs``, an experiment) and micro batches padded as for the stack's
-graphs.
-vf-rl-stack-autotune: the same with ``torch_compile_mode = "max-autotune"`` (inductor also benchmarks
-matmul kernels at compile time: a longer first step)."""
+vf-rl-stack-cudagraphs: that region as inductor's CUDA graphs (``compile_stack`` with mode
+"reduce-overhead": one forward and one backward graph per input shape, replayed without host work)
+and micro batches packed and padded to a few shapes. On the CPU inductor skips the CUDA graphs.
+vf-rl-layer-graphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: the per-layer
+compile, the layers' forward and backward then recorded as one CUDA graph each per padded shape
+(``vf_rl.trainer.layer_graphs``) and micro batches padded as for the stack's graphs.
+vf-rl-stack-autotune: ``torch_compile_mode = "max-autotune"``, the trainer's own path: the stack's
+CUDA graphs, inductor also benchmarking matmul kernels at compile time (a longer first step)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -499,16 +499,16 @@ class VfSide:
         self.trainer = RLTrainer(model=model, env=env, args=config, processing_class=tokenizer,
                                  served_model_name="bench")
         self.model, self.accelerator, self.Batch = self.trainer.model, self.trainer.accelerator, Batch
-        if self.name == "vf-rl-stack":
+        if self.name in ("vf-rl-stack", "vf-rl-stack-cudagraphs"):
             from vf_rl.trainer.model import compile_stack
 
-            compile_stack(self.model)
-            self.mode = "RLTrainer._train_on_batch, the decoder stack compiled as one region"
+            graphs = self.name == "vf-rl-stack-cudagraphs"
+            compile_stack(self.model, mode="reduce-overhead" if graphs else None)
+            self.trainer.cuda_graphs = graphs  # micro batches padded to bucket sizes
+            self.trainer.args.torch_compile = True  # every micro batch packed, as for a compiled model
+            self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region"
+                         + (" of CUDA graphs (reduce-overhead)" if graphs else ""))
         elif self.name == "vf-rl-layer-graphs":
-            from vf_rl.trainer.model import record_layer_graphs
-
-            record_layer_graphs(self.model)
-            self.trainer.cuda_graphs = True  # micro batches padded to bucket sizes
             self.mode = "RLTrainer._train_on_batch, compiled decoder layers recorded as one CUDA graph per padded shape"
         elif self.trainer.cuda_graphs:
             self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs "

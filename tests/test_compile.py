@@ -364,12 +364,14 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
 
 
-def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tmp_path):
-    """``torch_compile_mode = "reduce-overhead"``: the decoder stack compiles as one region (no
-    layer on its own), every micro batch runs packed and padded to bucket sizes (the few shapes
-    whose CUDA graphs a GPU replays; aot_eager here, as inductor skips CUDA graphs on the CPU),
-    every trainable parameter has a ``.grad`` before each forward, and the step's loss,
-    statistics and adapter gradients equal the eager trainer's."""
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mode):
+    """``torch_compile_mode = "reduce-overhead"``: each decoder layer compiles and is called
+    through ``LayerGraphs`` (which records on a GPU only), the stack not compiled as one;
+    ``"max-autotune"``: the decoder stack compiles as one region (no layer on its own). Either way
+    every micro batch runs packed and padded to bucket sizes (the few shapes whose CUDA graphs a
+    GPU replays; aot_eager here), every trainable parameter has a ``.grad`` before each forward,
+    and the step's loss, statistics and adapter gradients equal the eager trainer's."""
     from transformers import AutoTokenizer
 
     from vf_rl.env_api import load_environment
@@ -383,7 +385,7 @@ def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tm
     batch = Batch(step=0, samples=samples, rollouts=[], metrics={})
     results = []
     for name, keys in (("eager", dict(torch_compile=False)),
-                       ("graphs", dict(torch_compile_backend="aot_eager", torch_compile_mode="reduce-overhead"))):
+                       ("graphs", dict(torch_compile_backend="aot_eager", torch_compile_mode=mode))):
         trainer = _trainer(model_dir, tmp_path, name, tokenizer, env, micro_batch_tokens=40, **keys)
         if name == "eager":  # sampling log-probs near the model's own, so the ratios stay unmasked
             with torch.no_grad():
@@ -401,8 +403,14 @@ def test_cuda_graph_mode_compiles_the_stack_and_pads_micro_batches(model_dir, tm
         grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
         results.append((float(loss), stats, grads))
         if name == "graphs":
-            assert trainer.cuda_graphs and stack._compiled_call_impl is not None
-            assert all(layer._compiled_call_impl is None for layer in decoder_layers(trainer.model))
+            routed = ["LayerGraphs" in getattr(layer._compiled_call_impl, "__qualname__", "")
+                      for layer in decoder_layers(trainer.model)]
+            assert trainer.cuda_graphs and routed
+            if mode == "reduce-overhead":
+                assert stack._compiled_call_impl is None and all(routed)
+            else:
+                assert stack._compiled_call_impl is not None and not any(routed)
+                assert all(layer._compiled_call_impl is None for layer in decoder_layers(trainer.model))
             assert len(seen) >= 2 and all(packed and grads_ready and n == bucket(max(n, 64), 64)
                                           for n, packed, grads_ready in seen), seen
         else:

@@ -495,10 +495,10 @@ AGREE_REJECT = {
     "tiled MLP with LoRA dropout": ({"tiled_mlp": True, "use_lora": True, "lora_dropout": 0.05},
                                     "tiled_mlp = true needs"),
     "CUDA graphs with checkpointed layers": ({"torch_compile_mode": "reduce-overhead", "gradient_checkpointing": True},
-                                            "torch_compile_mode = 'reduce-overhead' (CUDA graphs of the decoder stack) "
+                                            "torch_compile_mode = 'reduce-overhead' (CUDA graphs of the decoder layers) "
                                             "does not combine"),
     "CUDA graphs with padded micro batches": ({"torch_compile_mode": "max-autotune", "padding_free": False},
-                                              "torch_compile_mode = 'max-autotune' (CUDA graphs of the decoder stack) "
+                                              "torch_compile_mode = 'max-autotune' (CUDA graphs of the decoder layers) "
                                               "needs"),
 }
 AGREE_ACCEPT = {
@@ -517,7 +517,7 @@ AGREE_ACCEPT = {
     "offloaded checkpoints": {"gradient_checkpointing": True, "activation_offloading": True},
     "tiled MLP with LoRA": {"tiled_mlp": True, "use_lora": True},
     "compile mode without CUDA graphs": {"torch_compile_mode": "max-autotune-no-cudagraphs"},
-    "CUDA graphs of the decoder stack": {"torch_compile_mode": "reduce-overhead"},
+    "CUDA graphs of the decoder layers": {"torch_compile_mode": "reduce-overhead"},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
 }
 

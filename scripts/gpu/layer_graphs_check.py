@@ -1,14 +1,15 @@
 """Whether CUDA graphs captured by hand (``torch.cuda.make_graphed_callables`` over the compiled
-decoder layers) train as the compiled layers do, and how fast: an experiment for issue 29.
+decoder layers, what ``torch_compile_mode = "reduce-overhead"`` runs) train as the compiled layers
+do, and how fast (issue 29).
 
-The CUDA-graph mode the trainer ships (``torch_compile_mode = "reduce-overhead"``) compiles the
-whole decoder stack as one region: 1.99x TRL's best on fixed-length Qwen2-0.5B LoRA, but a first
-step of 90-112 s (inductor compiles 24 layers), against 21 s for per-layer regions, whose step is
-bound by the host's launches (benchmarks/RESULTS.md, ak, an). inductor's CUDA graphs cannot replay
-per-layer regions with torch 2.11 (one compiled function called on its own output,
-pytorch/pytorch#152887). ``vf_rl.trainer.layer_graphs`` keeps the per-layer compile and records
-the layers' forward and backward, one graph each per shape, with ``make_graphed_callables``: a pass
-then replays two graphs instead of launching every kernel from Python.
+The decoder stack compiled as one region of inductor's CUDA graphs ran 1.99x TRL's best on
+fixed-length Qwen2-0.5B LoRA, but with a first step of 90-168 s (inductor compiles 24 layers),
+against 20 s for per-layer regions, whose step is bound by the host's launches (benchmarks/RESULTS.md,
+ak, ao). inductor's CUDA graphs cannot replay per-layer regions with torch 2.11 (one compiled
+function called on its own output, pytorch/pytorch#152887). ``vf_rl.trainer.layer_graphs`` keeps the
+per-layer compile and records the layers' forward and backward, one graph each per shape, with
+``make_graphed_callables``: a pass then replays two graphs instead of launching every kernel from
+Python.
 
 Sides, same random Qwen2-0.5B-shaped model with LoRA r16 on the seven projections (bf16, adapters
 too), the same packed micro batches of the fixed batch (64 x (256 + 256) tokens, micro batch 8) and

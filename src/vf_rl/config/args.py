@@ -24,8 +24,10 @@ on both paths and mapped to the current key."""
 REFUSED_NAMES = {"num_iterations": "each batch gets one optimizer step (num_iterations = 1); remove the key"}
 """Older key names with no current key of that meaning: refused with this hint."""
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
-"""``torch_compile_mode`` values that replay CUDA graphs: the trainer then compiles the decoder
-stack as one region (``trainer/model.py: compile_stack``) and pads micro batches to a few shapes."""
+"""``torch_compile_mode`` values that replay CUDA graphs, micro batches padded to a few shapes:
+``"reduce-overhead"`` records the compiled decoder layers (``trainer/layer_graphs.py``),
+``"max-autotune"`` compiles the decoder stack as one region of inductor's CUDA graphs
+(``trainer/model.py: compile_model``)."""
 
 
 @dataclass
@@ -103,7 +105,7 @@ class RLArgs:
     # Other
     shuffle_dataset: bool = field(default=True, metadata={"help": "Shuffle the training rows once (seeded by `seed`)."})
     use_liger: bool = field(default=True, metadata={"help": "Use liger-kernel when installed (GPU only, with torch_compile = false; a warning when it is not installed)."})
-    torch_compile: bool | None = field(default=None, metadata={"help": "Compile each decoder layer in place with torch.compile (torch_compile_backend, default inductor; torch_compile_mode; with torch_compile_mode = 'reduce-overhead' or 'max-autotune', the whole decoder stack as CUDA graphs instead, micro batches padded to a few shapes); it compiles on two synthetic batches before the first step (while vf-vllm starts, unless [inference] shared), and liger-kernel is not applied. None: on with a GPU (without DeepSpeed), where small models' steps are bound by the host's Python, off on the CPU."})
+    torch_compile: bool | None = field(default=None, metadata={"help": "Compile each decoder layer in place with torch.compile (torch_compile_backend, default inductor; torch_compile_mode; with torch_compile_mode = 'reduce-overhead' the compiled layers then recorded as CUDA graphs, with 'max-autotune' the whole decoder stack as inductor's CUDA graphs with autotuned kernels instead; either pads micro batches to a few shapes); it compiles on two synthetic batches before the first step (while vf-vllm starts, unless [inference] shared), and liger-kernel is not applied. None: on with a GPU (without DeepSpeed), where small models' steps are bound by the host's Python, off on the CPU."})
     activation_offloading: bool = field(default=False, metadata={"help": "With gradient_checkpointing on a GPU: keep each decoder layer's checkpointed input in pinned host memory from the forward to the backward (transformers' gradient checkpointing offload), freeing layers x tokens x hidden x 2 bytes of GPU memory per pass for a copy each way; for long sequences. On the CPU it changes nothing."})
     tiled_mlp: bool = field(default=False, metadata={"help": "Run each decoder layer's MLP over the sequence in tiles of about hidden_size tokens, keeping none of its [tokens, intermediate_size] tensors for the backward pass (recomputed tile by tile there, as ALST's TiledMLP): the MLP's share of the activation memory, most of a layer's at 7-8B, for one more MLP forward; for long sequences, with gradient_checkpointing and activation_offloading. Needs lora_dropout = 0."})
     attn_implementation: str | None = field(default=None, metadata={"help": "Attention kernel; default flash_attention_2 when installed (GPU, bf16), else sdpa."})

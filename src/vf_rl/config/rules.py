@@ -213,10 +213,10 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
 
 
 def _check_cuda_graphs(a: dict[str, Any], world_size: int, p: str) -> None:
-    """``torch_compile_mode`` that replays CUDA graphs of the decoder stack (``trainer/model.py``):
-    measured with one trainer process and packed micro batches, and it cannot hold what runs
-    outside its graphs inside the stack (checkpointed layers, tiled MLPs)."""
-    mode = f"{p}torch_compile_mode = {a['torch_compile_mode']!r} (CUDA graphs of the decoder stack)"
+    """``torch_compile_mode`` that replays CUDA graphs of the decoder layers (``trainer/model.py``):
+    measured with one trainer process and packed micro batches, and its graphs cannot hold what
+    runs outside them inside the layers (checkpointed layers, tiled MLPs)."""
+    mode = f"{p}torch_compile_mode = {a['torch_compile_mode']!r} (CUDA graphs of the decoder layers)"
     if world_size > 1:
         raise ConfigError(f"{mode} runs with one trainer process; this run has {world_size} (trainer.gpus * "
                           "trainer.nodes): use 'default' or 'max-autotune-no-cudagraphs'")

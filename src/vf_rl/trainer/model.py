@@ -307,8 +307,8 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
 
 def record_layer_graphs(model: torch.nn.Module) -> int:
     """The decoder layers' forward and backward recorded as one CUDA graph each per padded shape
-    and replayed (``layer_graphs.LayerGraphs``, an experiment: the stack's speed without its compile
-    time), over the layers as they are (compiled by :func:`compile_layers`, or eager); every
+    and replayed (``layer_graphs.LayerGraphs``: the stack's speed without its compile time), over
+    the layers as they are (compiled by :func:`compile_layers`, or eager); every
     trainable parameter gets a ``.grad`` before each forward, as with :func:`compile_stack`.
     Micro batches should be padded to bucket sizes (``packing.pad_to_buckets``).
 
@@ -342,17 +342,26 @@ def _grads_before_forward(model: torch.nn.Module, begin: Callable[[], None] | No
 
 
 def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str | None = None) -> tuple[bool, str]:
-    """``torch_compile = true``: the decoder stack as CUDA graphs for ``mode`` in
-    :data:`CUDA_GRAPH_MODES` (:func:`compile_stack`), else each decoder layer
-    (:func:`compile_layers`; also when the model has no separate stack, then without CUDA graphs).
+    """``torch_compile = true``: each decoder layer (:func:`compile_layers`); with ``mode``
+    ``"reduce-overhead"`` the layers then recorded as CUDA graphs per padded shape
+    (:func:`record_layer_graphs`: the stack's speed at the per-layer compile's start-up,
+    benchmarks/RESULTS.md, ap), with ``"max-autotune"`` the decoder stack compiled instead as one
+    region of inductor's CUDA graphs with autotuned kernels (:func:`compile_stack`; a model with no
+    stack apart from its head compiles its layers without CUDA graphs).
 
     Returns:
-        ``(cuda_graphs, what)``: whether the stack runs as CUDA graphs (the trainer then pads micro
-        batches to a few shapes, ``packing.pad_to_buckets``), and a line saying what compiles.
+        ``(cuda_graphs, what)``: whether CUDA graphs replay (the trainer then pads micro batches to a
+        few shapes, ``packing.pad_to_buckets``), and a line saying what compiles.
     """
-    if mode in CUDA_GRAPH_MODES:
+    if mode == "reduce-overhead":
+        n = compile_layers(model, backend)  # inductor's own CUDA graphs cannot replay per-layer regions
+        if n and record_layer_graphs(model):
+            return True, f"{n} decoder layers compile, recorded as CUDA graphs per padded shape ({mode})"
+    elif mode in CUDA_GRAPH_MODES:
         if compile_stack(model, backend, mode):
             return True, f"the decoder stack compiles as CUDA graphs ({mode})"
         return False, (f"{compile_layers(model, backend)} decoder layers compile without CUDA graphs "
                        f"({type(base_model(model)).__name__} has no decoder stack apart from its head)")
-    return False, f"{compile_layers(model, backend, mode)} decoder layers compile"
+    else:
+        return False, f"{compile_layers(model, backend, mode)} decoder layers compile"
+    return False, f"the model compiles nothing ({type(base_model(model)).__name__} has no repeated decoder layers)"

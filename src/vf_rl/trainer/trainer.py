@@ -103,7 +103,7 @@ class RLTrainer(CheckpointingTrainer):
         self.env = env
         # beta > 0 with full weights: a frozen copy of the initial model (its memory); LoRA: the adapter off
         self.ref_model = frozen_copy(self.model) if args.beta > 0 and not args.use_lora else None
-        self.cuda_graphs = False  # the decoder stack as CUDA graphs: micro batches padded to a few shapes
+        self.cuda_graphs = False  # CUDA graphs replay (torch_compile_mode): micro batches padded to a few shapes
         if args.torch_compile:  # in place (model.py), not accelerate's whole-model compile
             from accelerate.utils import DynamoBackend
 
