@@ -148,24 +148,30 @@ class _Toy(torch.nn.Module):
         super().__init__()
         self.lin = torch.nn.Linear(4, 4)
 
-    def forward(self, hidden, scale=1.0, extra=False, vf_rl_packing=None):
-        out = torch.tanh(self.lin(hidden)) * scale
+    def forward(self, hidden, shift, scale=1.0, extra=False, vf_rl_packing=None):
+        out = torch.tanh(self.lin(hidden) + shift) * scale
         return (out, out.sum()) if extra else out
 
 
+SHIFTS = [torch.randn(1, 5, 4), torch.randn(1, 5, 4)]
+
+
 def _toy_pass(layers, hidden, layout, between=None, kwargs=None, upto=None):
-    """The decoder's loop over ``layers[:upto]``: ``between(i, h)`` changes layer ``i``'s input,
-    ``kwargs(i)`` its keyword arguments."""
+    """The decoder's loop over ``layers[:upto]``, each given ``SHIFTS[0]`` (a tensor argument):
+    ``between(i, h)`` changes layer ``i``'s input, ``kwargs(i)`` its keyword arguments."""
     for i, layer in enumerate(layers[:upto]):
-        out = layer(between(i, hidden) if between else hidden, vf_rl_packing=layout, **(kwargs(i) if kwargs else {}))
+        out = layer(between(i, hidden) if between else hidden, vf_rl_packing=layout,
+                    **{"shift": SHIFTS[0], **(kwargs(i) if kwargs else {})})
         hidden = out[0] if isinstance(out, tuple) else out
     return hidden
 
 
-@pytest.mark.parametrize("variant", ["plain", "other arguments", "changed between", "extra output", "fewer layers"])
+@pytest.mark.parametrize("variant", ["plain", "other arguments", "other tensors", "changed between", "extra output",
+                                     "fewer layers"])
 def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     """One graph stands for the layers' loop only when the first pass of a shape called every
-    layer in order, each on the previous one's output and with layer 0's other arguments, each
+    layer in order, each on the previous one's output and with layer 0's other arguments (the same
+    tensors, not tensors of the same shape: rotary tables per layer type), each
     returning its hidden states alone; other loops run the layers as they are, with the same
     results; a loop that changes after its recording fails loudly instead of replaying."""
     from vf_rl.trainer.packing import PackedLayout
@@ -178,6 +184,7 @@ def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     graphs = layer_graphs.LayerGraphs(layers)
     layout = PackedLayout(torch.tensor([0, 5]), torch.tensor([0, 5]), None, 5, 5, [(0, 5, 0, 5)])
     how = {"other arguments": dict(kwargs=lambda i: {"scale": 2.0} if i == 1 else {}),
+           "other tensors": dict(kwargs=lambda i: {"shift": SHIFTS[1]} if i == 1 else {}),
            "changed between": dict(between=lambda i, h: h * 2 if i == 1 else h),
            "extra output": dict(kwargs=lambda i: {"extra": True}),
            "fewer layers": dict(upto=2)}.get(variant, {})

@@ -14,9 +14,10 @@ How it runs: each compiled layer's call goes through :meth:`LayerGraphs.call`. A
 forward (grad enabled, the layer in train mode) on a packed CUDA row whose attention runs the
 varlen kernel is keyed by the shapes, dtypes and ``requires_grad`` of its tensor arguments and
 its other arguments' values. A shape's first pass runs the compiled layers as they are and checks
-that the decoder calls them in order, each on the previous one's output, all with the same
-arguments otherwise, and that each returns its hidden states alone (a tensor or a 1-tuple): only
-then can one graph stand for the loop. Its second pass records, at layer 0 (every layer's forward
+that the decoder calls them in order, each on the previous one's output, all with layer 0's other
+arguments (the same tensors, not only the same shapes: a model whose layers take rotary tables or
+masks of their own per layer type fails it), and that each returns its hidden states alone (a
+tensor or a 1-tuple): only then can one graph stand for the loop. Its second pass records, at layer 0 (every layer's forward
 in order, then the backwards in reverse, into one memory pool that every shape shares, since a
 micro batch's backward ends before the next forward), and replays; layer 0's call then returns
 the last layer's output, and the later layers' calls hand it on. Anything else (no-grad passes,
@@ -135,7 +136,7 @@ class LayerGraphs:
         self.seen: dict[Hashable, bool] = {}
         self.record_s = 0.0
         self.pool = None  # one memory pool for every shape's graphs, made at the first recording
-        self._trace: list | None = None  # a first pass under check: [key, next layer, its input, 1-tuples]
+        self._trace: list | None = None  # a first pass: [key, next layer, its input, 1-tuples, layer 0's other tensors]
         self._through: tuple | None = None  # a replayed pass: (next layer, the graph's output, what to return)
         for i, layer in enumerate(self.layers):
             layer._compiled_call_impl = (lambda i: lambda *a, **k: self.call(i, a, k))(i)
@@ -169,21 +170,23 @@ class LayerGraphs:
                 if len(self.layers) > 1:
                     self._through = (1, out, ret)
                 return ret
-            self._trace = [key, 0, hidden, None]
+            self._trace = [key, 0, hidden, None, tensors[1:]]
         out = self.runs[index](*args, **kwargs)
-        self._check(index, key, hidden, out)
+        self._check(index, key, tensors, out)
         return out
 
-    def _check(self, index: int, key: Hashable, hidden: torch.Tensor, out) -> None:
-        """A first pass's layer ``index`` (input ``hidden``, output ``out``) continues the trace:
-        the same key, the next index, the previous layer's output as its input, its hidden states
-        alone as its output; the last layer's completes it (``seen``). Anything else ends it."""
+    def _check(self, index: int, key: Hashable, tensors: list[torch.Tensor], out) -> None:
+        """A first pass's layer ``index`` (its tensors, the hidden states first; its output ``out``)
+        continues the trace: the same key, the next index, the previous layer's output as its input,
+        layer 0's other tensors themselves, its hidden states alone as its output; the last layer's
+        completes it (``seen``). Anything else ends it."""
         trace, result = self._trace, _hidden_out(out)
-        if (trace is None or trace[0] != key or trace[1] != index or trace[2] is not hidden or result is None
-                or trace[3] not in (None, isinstance(out, tuple))):
+        if (trace is None or trace[0] != key or trace[1] != index or trace[2] is not tensors[0] or result is None
+                or trace[3] not in (None, isinstance(out, tuple))
+                or any(a is not b for a, b in zip(tensors[1:], trace[4]))):
             self._trace = None
             return
-        trace[1:] = [index + 1, result, isinstance(out, tuple)]
+        trace[1:4] = [index + 1, result, isinstance(out, tuple)]
         if index == len(self.layers) - 1:
             self.seen[key] = trace[3]
             self._trace = None
