@@ -167,13 +167,14 @@ def _toy_pass(layers, hidden, layout, between=None, kwargs=None, upto=None):
 
 
 @pytest.mark.parametrize("variant", ["plain", "other arguments", "other tensors", "changed between", "extra output",
-                                     "fewer layers"])
+                                     "fewer layers", "no room"])
 def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     """One graph stands for the layers' loop only when the first pass of a shape called every
     layer in order, each on the previous one's output and with layer 0's other arguments (the same
     tensors, not tensors of the same shape: rotary tables per layer type), each
     returning its hidden states alone; other loops run the layers as they are, with the same
-    results; a loop that changes after its recording fails loudly instead of replaying."""
+    results; a loop that changes after its recording fails loudly instead of replaying; past
+    ``max_shapes`` nothing more records."""
     from vf_rl.trainer.packing import PackedLayout
 
     torch.manual_seed(0)
@@ -181,7 +182,7 @@ def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     reference = [_Toy().train() for _ in range(3)]
     for ref, layer in zip(reference, layers):
         ref.load_state_dict(layer.state_dict())
-    graphs = layer_graphs.LayerGraphs(layers)
+    graphs = layer_graphs.LayerGraphs(layers, max_shapes=0 if variant == "no room" else 64)
     layout = PackedLayout(torch.tensor([0, 5]), torch.tensor([0, 5]), None, 5, 5, [(0, 5, 0, 5)])
     how = {"other arguments": dict(kwargs=lambda i: {"scale": 2.0} if i == 1 else {}),
            "other tensors": dict(kwargs=lambda i: {"shift": SHIFTS[1]} if i == 1 else {}),

@@ -116,6 +116,8 @@ class LayerGraphs:
         layers: the decoder layers in the order the model calls them, compiled
             (``_compiled_call_impl``, which then runs them) or not (their own ``_call_impl``: eager
             kernels, replayed the same way).
+        max_shapes: shapes recorded at most; later new shapes run the compiled layers (each shape
+            holds its row's hidden states four times: inputs, output and gradient buffers).
 
     Attributes:
         graphs: key -> ``(graphed stack, its hidden input's requires_grad, layers return 1-tuples)``
@@ -129,8 +131,8 @@ class LayerGraphs:
             states than the graph's output: the model changed between the check and the replay.
     """
 
-    def __init__(self, layers: list[torch.nn.Module]):
-        self.layers = list(layers)
+    def __init__(self, layers: list[torch.nn.Module], max_shapes: int = 64):
+        self.layers, self.max_shapes = list(layers), max_shapes
         self.runs = [layer._compiled_call_impl or layer._call_impl for layer in self.layers]
         self.graphs: dict[Hashable, tuple[Callable, bool, bool]] = {}
         self.seen: dict[Hashable, bool] = {}
@@ -161,7 +163,7 @@ class LayerGraphs:
         tensors, form, key = split
         if index == 0:
             recorded = self.graphs.get(key)
-            if recorded is None and key in self.seen:
+            if recorded is None and key in self.seen and len(self.graphs) < self.max_shapes:
                 recorded = self._record(key, tensors, form)
             if recorded is not None and recorded[1] == hidden.requires_grad:
                 graphed, _, one_tuple = recorded
@@ -217,6 +219,9 @@ class LayerGraphs:
         finally:
             torch.set_autocast_cache_enabled(cache)
         torch.cuda.synchronize()
-        self.record_s += time.perf_counter() - start
+        took = time.perf_counter() - start
+        self.record_s += took
+        print(f"layer graphs: recorded a row of {tensors[0].shape[1]} tokens in {took:.1f} s "
+              f"({len(self.graphs) + 1} shapes, {self.record_s:.1f} s of recording in all)", flush=True)
         self.graphs[key] = (graphed, tensors[0].requires_grad, self.seen[key])
         return self.graphs[key]

@@ -356,7 +356,7 @@ def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str |
     if mode == "reduce-overhead":
         n = compile_layers(model, backend)  # inductor's own CUDA graphs cannot replay per-layer regions
         if n and record_layer_graphs(model):
-            return True, f"{n} decoder layers compile, recorded as CUDA graphs per padded shape ({mode})"
+            return True, f"{n} decoder layers compile, then record as CUDA graphs per padded shape on a GPU ({mode})"
     elif mode in CUDA_GRAPH_MODES:
         if compile_stack(model, backend, mode):
             return True, f"the decoder stack compiles as CUDA graphs ({mode})"
