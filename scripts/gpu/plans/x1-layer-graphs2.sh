@@ -4,9 +4,9 @@
 # (vf_rl/trainer/layer_graphs.py; in (ap) each layer had graphs of its own: realistic Qwen2-0.5B LoRA 166,971
 # tokens/s, first step 24.4 s, peak 12.7 GiB against the stack's 8.8; fixed 97,659 / 111,377 / 67,992 / 63,737 on
 # the four cases). Empty inductor and Triton caches for each part.
-#   1 (~5 min): scripts/gpu/layer_graphs_check.py fixed, sides layers, eager (the bf16 floor), graphs, eager-graphs
-#     (ap: graphs 2.6e-02 from the compiled layers, eager layers recorded 3.5e-02; rc 1 now only over both 2e-2 and
-#     the eager side's difference)
+#   1 (~5 min): scripts/gpu/layer_graphs_check.py fixed, sides layers, layers-again (run-to-run floor), eager (the
+#     bf16 floor), graphs, eager-graphs (ap: graphs 2.6e-02 from the compiled layers, eager layers recorded 3.5e-02;
+#     rc 1 now only over 2e-2 and both floors)
 #   2 (~5 min): reverse-text on SmolLM2-135M, vLLM and the trainer on one GPU, 2 minutes after step 1, in the mode
 #     (ao, per-layer: compiled in 14.3 s, launch to step 1 115.5 s, 282 steps, median 0.17 s, held-out 0.090 ->
 #     0.441; the stack's graphs: 195.8 s, 283.1 s, 236 steps, 0.34 s, 0.104 -> 0.460)
