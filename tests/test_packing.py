@@ -197,6 +197,20 @@ def test_bucketed_micro_batch_keeps_the_log_probs_and_gradients(smol, share_prom
         assert float((g1[name] - g0[name]).norm() / g0[name].norm()) < 1e-4, name
 
 
+def test_a_micro_batch_of_bucket_sizes_is_not_padded():
+    """A packed row already of the budget's bucket with a power-of-two segment count (a fixed-length
+    batch: 8 samples of 8 tokens) keeps its shape; a larger budget, another segment count or
+    gathered keys off the grid pad it as before."""
+    samples = group_samples([(4, [4, 4, 4, 4]), (4, [4, 4, 4, 4])])
+    mb = packed_micro_batch(samples)
+    assert mb.input_ids.shape[1] == 64 and pad_to_buckets(mb, pad_token_id=0, token_budget=64) is mb
+    assert pad_to_buckets(mb, pad_token_id=0, token_budget=65).input_ids.shape[1] == bucket(64 + 8, 64) == 72
+    fewer = packed_micro_batch(samples[:6] + [Sample([5] * 16, [0] * 8 + [1] * 8, [0.0] * 16, 0.5)])
+    assert fewer.input_ids.shape[1] == 64 and pad_to_buckets(fewer, pad_token_id=0).input_ids.shape[1] > 64
+    shared = packed_micro_batch(samples, share_prompts=True)  # 40 tokens, 8 segments, 64 keys
+    assert shared.input_ids.shape[1] == 40 and pad_to_buckets(shared, pad_token_id=0, token_budget=64).input_ids.shape[1] == 64
+
+
 def test_bucketed_plans_have_few_shapes():
     """Over many batches of random lengths, bucketed micro batches (every one packed) take a few
     distinct ``(N, S, K)`` shapes: the row padded to the token budget's bucket (a sample longer than

@@ -336,7 +336,9 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
     (of ``N`` itself when longer: one sample over the budget), its segment count ``S`` to a power
     of two, its gathered keys ``K`` (shared prompts) to a :func:`bucket` size.
 
-    The padding is ``d >= 1`` segments of ``pad_token_id`` appended to the row (positions from 0,
+    A micro batch already of those sizes (a row of the budget's bucket, segments a power of two,
+    keys a bucket size: fixed-length batches) is returned as it is. Else the padding is ``d >= 1``
+    segments of ``pad_token_id`` appended to the row (positions from 0,
     each attending to itself; the last one also to extra copies of its first key when keys are
     gathered, to fill ``K``). They are never predicted from nor targets (``predict_index``,
     ``targets``, the ``[B, T]`` tensors and ``tokens`` are ``mb``'s), so log-probs, loss and
@@ -345,12 +347,14 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
     short of the budget, the last of a batch, is padded to it)."""
     layout = mb.layout
     n, s = mb.input_ids.shape[1], layout.cu_q.shape[0] - 1
+    shared = layout.key_index is not None
+    k = int(layout.cu_k[-1])
+    if n == bucket(max(n, token_budget), 64) and s == bucket(s, 4, per_octave=1) and (not shared or k == bucket(k, 64)):
+        return mb
     d = bucket(s + 1, 4, per_octave=1) - s
     lengths = [1] * (d - 1)
     lengths.append(bucket(max(n + d, token_budget), 64) - n - (d - 1))
     pad = sum(lengths)
-    shared = layout.key_index is not None
-    k = int(layout.cu_k[-1])
     extra = bucket(k + pad, 64) - k - pad if shared else 0
     q_bounds, k_bounds, key_index, positions, segments = [], [], [], [], list(layout.segments)
     q0, k0 = n, k
