@@ -149,6 +149,8 @@ class LayerGraphs:
             self._through = self._trace = None
         elif self._through is not None:
             return self._hand_on(index, args)
+        elif self._trace is None:  # a later layer of a pass neither replayed nor under check
+            return self.runs[index](*args, **kwargs)
         layout = kwargs.get("vf_rl_packing")
         hidden = args[0] if args else None  # transformers passes the hidden states first, positionally
         split = None

@@ -355,13 +355,12 @@ def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str |
     """
     if mode == "reduce-overhead":
         n = compile_layers(model, backend)  # inductor's own CUDA graphs cannot replay per-layer regions
-        if n and record_layer_graphs(model):
+        if record_layer_graphs(model):
             return True, f"{n} decoder layers compile, then record as CUDA graphs per padded shape on a GPU ({mode})"
-    elif mode in CUDA_GRAPH_MODES:
+        return False, f"{n} decoder layers compile"
+    if mode in CUDA_GRAPH_MODES:
         if compile_stack(model, backend, mode):
             return True, f"the decoder stack compiles as CUDA graphs ({mode})"
         return False, (f"{compile_layers(model, backend)} decoder layers compile without CUDA graphs "
                        f"({type(base_model(model)).__name__} has no decoder stack apart from its head)")
-    else:
-        return False, f"{compile_layers(model, backend, mode)} decoder layers compile"
-    return False, f"the model compiles nothing ({type(base_model(model)).__name__} has no repeated decoder layers)"
+    return False, f"{compile_layers(model, backend, mode)} decoder layers compile"
