@@ -17,7 +17,10 @@ The estimate adds six parts (bytes; activations in the model's bf16):
   its bf16 input, the SiLU is recomputed). Gradient checkpointing keeps each layer's input
   (``2 h``; in host memory with ``activation_offloading``) and recomputes one layer at a time,
   whose saved tensors and their gradients are live at once in its backward (twice the per-layer
-  count; within 8% of the 8B LoRA peaks at 4k-128k tokens). ``tiled_mlp`` drops the ``8 I`` /
+  count; within 8% of the 8B LoRA peaks at 4k-128k tokens). Layers recorded as CUDA graphs
+  (``torch_compile_mode = "reduce-overhead"``, ``trainer/layer_graphs.py``) count them twice: a
+  recording's warm-up passes leave a pass's activations in the allocator's cache while its capture
+  takes them again from the graphs' pool. ``tiled_mlp`` drops the ``8 I`` /
   ``6 I`` of every layer and adds one tile's (``hidden`` tokens) and their gradients. The count
   follows Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*
   (2022), section 4, for these layers, with memory-efficient attention (no ``[s, s]`` scores).
@@ -149,7 +152,7 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
                           lora_rank: int = 16, lora_targets: Any = None, fused_layers: bool = True,
                           gradient_checkpointing: bool = False, activation_offloading: bool = False,
                           tiled_mlp: bool = False, zero3_processes: int = 1,
-                          sync_buffers: bool = False) -> MemoryEstimate:
+                          sync_buffers: bool = False, recorded_layers: bool = False) -> MemoryEstimate:
     """The peak bytes one trainer process holds during a step (module docstring's formula).
 
     Args:
@@ -160,6 +163,7 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         tiled_mlp: the MLPs keep no intermediates (``trainer/tiling.py``), but one tile's of ``hidden`` tokens.
         zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
         sync_buffers: the weight-sync transport packs the merged weights on the GPU (``ipc``, ``nccl``).
+        recorded_layers: the layers are recorded as CUDA graphs (activations counted twice).
     """
     h, kv, inter, layers, vocab = shape.hidden, shape.kv_width, shape.intermediate, shape.layers, shape.vocab
     shards = max(zero3_processes, 1)
@@ -178,6 +182,8 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         activations = tokens_per_pass * layers * per_layer
     if tiled_mlp:  # one tile's MLP tensors and their gradients, in its backward
         activations += 2 * mlp * min(tokens_per_pass, h)
+    if recorded_layers:  # a recording's warm-up passes (cached) and its capture (the graphs' pool)
+        activations *= 2
     kept = trained_tokens_per_pass * vocab * 2
     logits = (kept if kept <= LOGPROB_KEEP_BYTES else 0) + 2 * min(trained_tokens_per_pass * vocab * 4,
                                                                     LOGPROB_CHUNK_BYTES)
@@ -284,6 +290,8 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
                                  gradient_checkpointing=bool(a.get("gradient_checkpointing")),
                                  activation_offloading=bool(a.get("activation_offloading")),
                                  tiled_mlp=bool(a.get("tiled_mlp")), zero3_processes=zero3,
+                                 recorded_layers=bool(a.get("torch_compile"))
+                                 and a.get("torch_compile_mode") == "reduce-overhead",
                                  sync_buffers=choose_weight_sync(a["weight_sync"], *layout_devices(config, a))
                                  in ("ipc", "nccl"))
 

@@ -36,7 +36,9 @@ keep their inputs, output and gradient buffers (the row's hidden states four tim
 activations, live only between a micro batch's forward and backward replays, come from the pool
 every shape shares: right as long as no other shape's graphs replay between a micro batch's
 forward and its backward (micro batches run one after the other; a forward that gradient
-checkpointing re-runs inside the backward runs the layers as they are).
+checkpointing re-runs inside the backward runs the layers as they are). A recording's warm-up
+passes take a pass's activations from the allocator once more; they go back to the device after
+it (``memory.estimate_trainer_peak`` counts the activations twice).
 """
 
 from __future__ import annotations
@@ -221,6 +223,7 @@ class LayerGraphs:
         finally:
             torch.set_autocast_cache_enabled(cache)
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # the warm-up passes' cached blocks, back to the device (vLLM may share it)
         took = time.perf_counter() - start
         self.record_s += took
         print(f"layer graphs: recorded a row of {tensors[0].shape[1]} tokens in {took:.1f} s "
