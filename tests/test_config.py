@@ -302,16 +302,16 @@ def test_rl_config_is_rl_args_on_training_arguments():
     assert set(rl_fields()) - {f.name for f in dataclasses.fields(TrainingArguments)} >= {"batch_size", "lora_rank"}
 
 
-def test_config_check_imports_transformers_once_per_version_for_keys_vf_rl_does_not_declare(tmp_path):
-    """Loading a config whose [trainer.args] are all vf-rl's keys imports neither torch nor
-    transformers. A TrainingArguments key (``seed``) is checked against transformers' class: the
-    first time for a transformers version by importing it, then from vf-rl's cache, which still
-    refuses a wrong type or an unknown key."""
+def test_config_check_never_imports_transformers_for_keys_vf_rl_does_not_declare(tmp_path):
+    """Loading a config imports neither torch nor transformers. A TrainingArguments key (``seed``)
+    is checked against transformers' class: the first time for a transformers version from the
+    annotations in its source, then from vf-rl's cache, which still refuses a wrong type or an
+    unknown key."""
     path = tmp_path / "c.toml"
     probe = ("import sys; from vf_rl.config.schema import load_config; load_config(sys.argv[1]); "
              "print('transformers' in sys.modules, 'torch' in sys.modules)")
     env = {**os.environ, "VF_RL_CACHE": str(tmp_path / "cache")}
-    for extra, expected in (("", "False False"), ("seed = 3\n", "True True"), ("seed = 3\n", "False False"),
+    for extra, expected in (("", "False False"), ("seed = 3\n", "False False"), ("seed = 3\n", "False False"),
                             ('eval_strategy = "steps"\neval_steps = 5\n', "False False"),
                             ("seeds = 3\n", "unknown key 'trainer.args.seeds' (did you mean 'seed'?)"),
                             ('seed = "3"\n', "trainer.args.seed: expected int, got '3'"),
@@ -347,6 +347,20 @@ def test_training_argument_types_rebuild_from_the_cache_as_toml_values_need():
     assert decoded["parallelism_config"] == (Any | None)
     same = [n for n, t in decoded.items() if t == hints[n]]
     assert len(same) >= 0.8 * len(decoded)  # everything but the enums and transformers' own classes
+
+
+def test_training_argument_types_read_from_the_source_equal_the_imported_class_s(monkeypatch):
+    """The types read from transformers' ``training_args.py`` without importing it are the ones
+    the imported class gives, field for field (enums as ``"str"``, other classes ``Any``); where
+    the source cannot be read, the class is imported."""
+    from vf_rl.config import training_arguments
+
+    from_source = training_arguments._encode_from_source()
+    assert from_source is not None and len(from_source) > 100
+    monkeypatch.setattr(training_arguments, "_encode_from_source", lambda: None)
+    from_class = training_arguments._encode_training_arguments()
+    assert from_source == from_class
+    assert from_source["optim"] == ["|", "str", "str"] and from_source["learning_rate"] == "float"
 
 
 def test_documented_defaults():
