@@ -45,7 +45,7 @@ def _main(argv: list[str] | None) -> int:
         if unknown:
             raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
         # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU), before anything imports torch:
-        # checking a TrainingArguments key in the config imports transformers, and a torch thread pool
+        # checking a TrainingArguments key may import transformers (where its source cannot be read), and a torch thread pool
         # sized for every core but pinned to fewer makes each training step many times slower
         apply_trainer_cores()
         config = load_config(config_path)
