@@ -377,7 +377,7 @@ def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mod
     from vf_rl.env_api import load_environment
     from vf_rl.trainer.model import base_model, decoder_layers
     from vf_rl.trainer.orchestrator import Batch
-    from vf_rl.trainer.packing import bucket
+    from vf_rl.trainer.shape_grid import bucket
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)

@@ -281,15 +281,18 @@ def test_resolved_config_says_where_each_value_came_from(tmp_path):
     assert origins["inference.args.enforce_eager"] == "config"
 
 
-def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path):
-    """The launcher's checks of a GPU config (its memory estimate included) leave torch and vLLM
+@pytest.mark.parametrize("trainer_args", ["", 'seed = 3\ntorch_compile = true\ntorch_compile_mode = "reduce-overhead"\n'])
+def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path, trainer_args):
+    """The launcher's checks of a GPU config (its memory estimate included, CUDA graphs' padded
+    passes too; a TrainingArguments key's type, with an empty cache) leave torch and vLLM
     unimported: they are the launch's own start, before either pane runs."""
-    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace("Qwen/Qwen3-4B-Instruct-2507", str(model_dir)))
+    path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace("Qwen/Qwen3-4B-Instruct-2507", str(model_dir))
+                 + trainer_args)
     code = ("import sys\nfrom vf_rl.cli.launch import main\n"
             f"code = main(['@', {str(path)!r}, '--dry-run'])\n"
             "print('imported', code, 'torch' in sys.modules, 'vllm' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"})
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1", "VF_RL_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trainer memory per GPU (estimate): " in result.stdout  # the estimate ran (the model's shape read)
     assert result.stdout.strip().splitlines()[-1] == "imported 0 False False"

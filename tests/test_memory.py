@@ -427,7 +427,7 @@ def test_with_cuda_graphs_the_pass_is_the_padded_row(measured):
     budget's bucket (``packing.pad_to_buckets``), so the estimate's pass is that row, with or without
     a pre-flight's lengths, and the trained tokens stay the unpadded pass's."""
     from vf_rl.memory import pass_tokens
-    from vf_rl.trainer.packing import bucket
+    from vf_rl.trainer.shape_grid import bucket
 
     a = {"micro_batch_size": 8, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
          "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True,

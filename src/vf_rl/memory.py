@@ -240,7 +240,7 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     tokens, trained = _unpadded_pass(a, processes, micro, sample, trained, budget, bool(mean_sample_tokens),
                                      mean_prompt_tokens)
     if a.get("torch_compile") and a.get("torch_compile_mode") in CUDA_GRAPH_MODES:
-        from vf_rl.trainer.packing import bucket
+        from vf_rl.trainer.shape_grid import bucket
 
         tokens = bucket(max(tokens, budget) + 1, 64)  # at least one padding segment
     return tokens, trained

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from .batching import Sample
+from .shape_grid import bucket
 
 PACK_MIN_SAVING = 0.1
 """A micro batch runs as one packed row only when that removes at least this share of the
@@ -320,19 +321,10 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
 # --- bucketed shapes (CUDA graphs) --------------------------------------------------------------
 
 
-def bucket(n: int, floor: int, per_octave: int = 8) -> int:
-    """The smallest size ``>= n`` (and ``>= floor``) on a grid of ``per_octave`` steps per
-    doubling: a multiple of ``2**e / per_octave`` for the largest power of two ``2**e <= n``. So
-    at most ``per_octave`` sizes per doubling, each at most ``1 / per_octave`` of ``2**e`` above
-    ``n`` (4097 -> 4608, 3000 -> 3072 with 8 steps)."""
-    step = max(1, (1 << (max(n, 1).bit_length() - 1)) // per_octave)
-    return max(floor, -(-n // step) * step)
-
-
 def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> MicroBatch:
     """``mb`` (packed, host tensors) padded to a few input shapes, so that CUDA graphs
     (``torch_compile_mode = "reduce-overhead"``), one recorded graph per shape, replay instead of
-    recording again: its row length ``N`` to :func:`bucket` of the packing's ``token_budget``
+    recording again: its row length ``N`` to :func:`~.shape_grid.bucket` of the packing's ``token_budget``
     (of ``N`` itself when longer: one sample over the budget), its segment count ``S`` to a power
     of two, its gathered keys ``K`` (shared prompts) to a :func:`bucket` size.
 
