@@ -246,6 +246,9 @@ def parse_args(argv=None):
                         "fp32 outputs on the model's forward)")
     p.add_argument("--profile", action="store_true",
                    help="profile one more step per side (torch.profiler) and print where its time goes")
+    p.add_argument("--trace", type=Path, default=None,
+                   help="with --profile: write each side's profiled step as a Chrome trace to this path, the side's "
+                        "name before its suffix (a .gz path is compressed)")
     p.add_argument("--pyprofile", action="store_true",
                    help="run one more step per side under cProfile and print the Python functions with the most "
                         "own time (where a host-bound step's CPU goes)")
@@ -725,7 +728,8 @@ class Opened:
         args = self.args
         ops = count_ops(self.step) if args.count_ops else None
         if args.profile:
-            profile_step(self.step, self.name, self.device)
+            trace = args.trace and args.trace.with_name(args.trace.name.replace(".", f"-{self.name}.", 1))
+            profile_step(self.step, self.name, self.device, trace)
         if args.pyprofile:
             python_profile(self.step, self.name, self.device)
         peak = None if self.peak is None else self.peak + extra_resident
@@ -822,9 +826,10 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
     return results, rounds
 
 
-def profile_step(step, name: str, device) -> None:
+def profile_step(step, name: str, device, trace: Path | None = None) -> None:
     """Run ``step()`` once more under torch.profiler and print where its time goes: the 25
-    operations with the most device (CUDA) time, or CPU time on the CPU, and the totals."""
+    operations with the most device (CUDA) time, or CPU time on the CPU, and the totals; on a GPU
+    also how long it ran no kernel (:func:`device_gaps`). ``trace``: the Chrome trace written there."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -839,7 +844,36 @@ def profile_step(step, name: str, device) -> None:
     busy = sum(getattr(e, key, 0) for e in events) / 1e6
     print(f"[{name}] profiled step: {wall:.3f} s wall (profiler on), {busy:.3f} s summed self "
           f"{'device' if device.type == 'cuda' else 'CPU'} time, {sum(e.count for e in events)} events")
+    if device.type == "cuda":
+        print(f"[{name}] {device_gaps(prof.events())}")
     print(events.table(sort_by=key, row_limit=25, max_name_column_width=60))
+    if trace:
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        print(f"[{name}] trace: {trace}")
+
+
+def device_gaps(events, least_us: float = 50.0) -> str:
+    """One line: between a profiled step's first and last kernel (profiler events of device type
+    CUDA, times in microseconds), the time some kernel ran (overlaps counted once) and the time
+    none did, in gaps of at least ``least_us`` (the host not keeping the GPU fed) and shorter."""
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA")
+    if not spans:
+        return "no kernel events"
+    busy, end, long_gaps, short_idle = 0.0, spans[0][0], [], 0.0
+    for start, stop in spans:
+        if start > end:
+            gap = start - end
+            if gap >= least_us:
+                long_gaps.append(gap)
+            else:
+                short_idle += gap
+        busy += max(stop, end) - max(start, end)
+        end = max(end, stop)
+    total = end - spans[0][0]
+    return (f"device: {busy / 1e3:.1f} ms busy of {total / 1e3:.1f} ms from first to last kernel; idle in "
+            f"{len(long_gaps)} gaps >= {least_us:.0f} us: {sum(long_gaps) / 1e3:.1f} ms (largest "
+            f"{max(long_gaps, default=0) / 1e3:.1f} ms), in shorter ones {short_idle / 1e3:.1f} ms")
 
 
 def python_profile(step, name: str, device) -> None:

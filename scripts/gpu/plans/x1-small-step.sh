@@ -23,7 +23,7 @@ small() {  # side
   fresh_caches
   timeout 420 python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora --lora-rank 8 \
     --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
-    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides $1 --profile \
+    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides $1 --profile --trace /tmp/e2e/trace-small.json.gz \
     --json /tmp/e2e/small-step-smollm2-$1.json > /tmp/e2e/small-step-smollm2-$1.log 2>&1
 }
 learn learning-reverse-text-first-vfrl vf-rl
@@ -35,6 +35,6 @@ learn learning-reverse-text-layergraphs-emptycache vf-rl --vf-arg torch_compile=
 fresh_caches
 timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --lora --batch 64 --micro-batch 8 \
   --prompt-len 256 --completion-len 256 --steps 3 --warmup 2 --no-grad-check --sides vf-rl-layer-graphs --profile \
-  > /tmp/e2e/profile-fixed-llama-1b-lora-layer-graphs.log 2>&1
+  --trace /tmp/e2e/trace-llama-lora.json.gz > /tmp/e2e/profile-fixed-llama-1b-lora-layer-graphs.log 2>&1
 small vf-rl-stack-cudagraphs
 echo "plan done"

@@ -1,0 +1,44 @@
+"""benchmarks/trainer_step.py --profile: where a step's time goes, and its trace for a timeline."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_profiled_step_writes_a_chrome_trace_per_side(tmp_path):
+    trace = tmp_path / "traces" / "step.json.gz"
+    result = subprocess.run(
+        [sys.executable, "benchmarks/trainer_step.py", "--model-config", "tiny", "--batch", "4", "--micro-batch", "2",
+         "--prompt-len", "8", "--completion-len", "8", "--steps", "1", "--warmup", "0", "--no-grad-check",
+         "--sides", "vf-rl", "--profile", "--trace", str(trace)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    written = tmp_path / "traces" / "step-vf-rl.json.gz"
+    assert f"[vf-rl] trace: {written}" in result.stdout
+    events = json.loads(gzip.decompress(written.read_bytes()))["traceEvents"]
+    assert any("aten::" in str(e.get("name")) for e in events)  # the step's operators are in it
+
+
+def test_device_gaps_count_the_time_no_kernel_ran():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import trainer_step
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+    def event(start, end, device="CUDA"):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end), device_type=SimpleNamespace(name=device))
+
+    # kernels 0-100 and 50-150 overlap, a 10 us gap, 160-200, a 200 us gap, 400-500; a CPU op spans it all
+    line = trainer_step.device_gaps([event(160, 200), event(0, 100), event(50, 150), event(400, 500),
+                                     event(0, 1000, "CPU")])
+    assert line == ("device: 0.3 ms busy of 0.5 ms from first to last kernel; idle in 1 gaps >= 50 us: 0.2 ms "
+                    "(largest 0.2 ms), in shorter ones 0.0 ms")
+    assert trainer_step.device_gaps([event(0, 10, "CPU")]) == "no kernel events"
