@@ -363,6 +363,38 @@ def test_training_argument_types_read_from_the_source_equal_the_imported_class_s
     assert from_source["optim"] == ["|", "str", "str"] and from_source["learning_rate"] == "float"
 
 
+def test_training_argument_types_from_a_source_of_another_shape(tmp_path, monkeypatch):
+    """Annotations of every form the reader knows, an enum imported from a sibling module, and
+    fields it must skip; a class with a base class (fields it cannot see) is left to the import."""
+    from types import SimpleNamespace
+
+    from vf_rl.config import training_arguments
+
+    package = tmp_path / "transformers"
+    package.mkdir()
+    (package / "schedules.py").write_text("class Kind(ExplicitEnum):\n    A = 'a'\nclass Plain:\n    pass\n")
+    (package / "training_args.py").write_text(
+        "from typing import ClassVar, Literal, Optional, Union\n"
+        "from .schedules import Kind, Plain\n"
+        "@dataclass\nclass TrainingArguments:\n"
+        "    lr: float = 1e-3\n"
+        "    name: Optional[str] = None\n"
+        "    kind: Union[Kind, str] = 'a'\n"
+        "    plain: 'Plain | None' = None\n"
+        "    mode: Literal['x', 'y'] = 'x'\n"
+        "    tags: Optional[list[str]] = None\n"
+        "    extra: dict[str, int] = field(default_factory=dict)\n"
+        "    hidden: int = field(default=0, init=False)\n"
+        "    shared: ClassVar[int] = 3\n")
+    spec = SimpleNamespace(submodule_search_locations=[str(package)])
+    monkeypatch.setattr(training_arguments.importlib.util, "find_spec", lambda name: spec)
+    assert training_arguments._encode_from_source() == {
+        "lr": "float", "name": ["|", "str", "None"], "kind": ["|", "str", "str"], "plain": ["|", "Any", "None"],
+        "mode": ["Literal", "x", "y"], "tags": ["|", ["list", "str"], "None"], "extra": ["dict", "str", "int"]}
+    (package / "training_args.py").write_text("class TrainingArguments(Base):\n    lr: float = 1e-3\n")
+    assert training_arguments._encode_from_source() is None
+
+
 def test_documented_defaults():
     """Choices where docs and code disagreed (README "Configuration")."""
     from vf_rl.config.rl_config import RLConfig

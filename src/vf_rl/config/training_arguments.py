@@ -58,14 +58,14 @@ def _encode_from_source() -> dict[str, Any] | None:
     its fields with ``init``, each annotation's builtins, unions, ``Optional``, ``list``, ``dict``
     and ``Literal``; a class derived from an ``...Enum`` (defined there or imported from a module
     of the package) as ``"str"``, any other name as ``"Any"``. ``None`` when the package or the
-    class is not found."""
+    class is not found there, or the class has a base class."""
     spec = importlib.util.find_spec("transformers")
     if spec is None or not spec.submodule_search_locations:
         return None
     package = Path(next(iter(spec.submodule_search_locations)))
     tree = ast.parse((package / "training_args.py").read_text())
     cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainingArguments"), None)
-    if cls is None:
+    if cls is None or cls.bases:  # fields from a base class would be missed: import it instead
         return None
     enums = _enum_names(tree, package)
     fields = {}
