@@ -39,7 +39,7 @@ def _encode_training_arguments() -> dict[str, Any]:
     from the imported class."""
     try:
         encoded = _encode_from_source()
-    except (OSError, SyntaxError, ValueError):
+    except Exception:  # a source this reader does not follow: the class itself, imported
         encoded = None
     if encoded:
         return encoded
