@@ -22,7 +22,7 @@ from vf_rl.trainer import layer_graphs  # noqa: E402
 def stand_in(monkeypatch):
     """Records the sample shapes of each recording and each replay; ``state["stale"] = True`` makes
     replays run on the recording's inputs (a graph whose inputs were never copied in)."""
-    state = {"recordings": [], "replays": [], "stale": False}
+    state = {"recordings": [], "replays": [], "stale": False, "emptied": []}
 
     def graphed(callables, sample, pool=None):
         single = not isinstance(callables, tuple)
@@ -44,6 +44,7 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(torch.cuda, "make_graphed_callables", graphed)
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: state["emptied"].append(len(state["recordings"])))
     monkeypatch.setattr(layer_graphs, "varlen_applies", lambda query, dropout=0.0: True)
     return state
 
@@ -83,6 +84,8 @@ def test_a_shape_records_at_its_second_pass(stand_in):
     for plan in cycle:  # every shape's second pass at the latest: recorded, and replayed from then on
         check.step(model, plan, optimizer)
     assert len(graphs.graphs) == len(recordings) == len(set(keys))
+    # the recording's warm-up passes' cached blocks go back to the device after each recording
+    assert stand_in["emptied"] == list(range(1, len(set(keys)) + 1))
     replays.clear()
     for plan in cycle:
         check.step(model, plan, optimizer)

@@ -131,7 +131,7 @@ def _encode_annotation(node: ast.AST, enums: set[str]) -> Any:
         if head in ("dict", "Dict") and len(args) == 2:
             return ["dict", *(_encode_annotation(a, enums) for a in args)]
         return "Any"
-    name = _name(node) if isinstance(node, ast.Name) else None
+    name = node.id if isinstance(node, ast.Name) else None
     if name in _BUILTIN_TYPES:
         return name
     return "str" if name in enums else "Any"
