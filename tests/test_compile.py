@@ -121,7 +121,7 @@ def _cpu_varlen():
     """A CPU stand-in for ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention, CUDA only):
     a custom op with a fake kernel and its own backward, as the real one, computing the segment
     attention of ``attention.segment_attention``; it checks that the longest-segment arguments
-    bound the real segments (the kernel's contract)."""
+    bound the real segments (the kernel's contract) and keeps the bounds it got in ``calls``."""
     from torch.library import custom_op
 
     from vf_rl.trainer.attention import segment_attention
@@ -136,6 +136,7 @@ def _cpu_varlen():
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
                 max_q: int, max_k: int) -> torch.Tensor:
         assert max_q >= int((cu_q[1:] - cu_q[:-1]).max()) and max_k >= int((cu_k[1:] - cu_k[:-1]).max())
+        calls.append((max_q, max_k, q.shape[0], k.shape[0]))
         return segments(q, k, v, cu_q, cu_k).contiguous()
 
     @forward.register_fake
@@ -162,16 +163,19 @@ def _cpu_varlen():
         groups = q.shape[1] // k.shape[1]
         return forward(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), cu_q, cu_k, max_q, max_k)
 
-    return varlen_attn
+    calls = []
+    return varlen_attn, calls
 
 
-def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
+@pytest.mark.parametrize("max_seq_len", [0, 32])
+def test_packed_attention_traces_into_the_compiled_layer(monkeypatch, max_seq_len):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
     model's for packed rows with shared prompts, and the first row compiles the layer with the
     row's sizes dynamic (``model._mark_row_sizes``): rows of new lengths and longest segments,
     and a row whose samples share no prompt (its keys gathered by an identity index), compile
-    nothing new (the kernel's bounds come from the row's symbolic sizes, not the layout's host ints)."""
+    nothing new. The kernel's longest-segment arguments are the layout's run-wide bound
+    (``max_seq_len``) where it has one, else the row's symbolic sizes, never its exact host ints."""
     import copy
 
     from test_packing import group_samples
@@ -184,7 +188,8 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
     from vf_rl.trainer.model import compile_layers
     from vf_rl.trainer.packing import packed_micro_batch
 
-    monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen())
+    varlen, calls = _cpu_varlen()
+    monkeypatch.setattr(attention, "_VARLEN", varlen)
     monkeypatch.setattr(attention, "_VARLEN_PARAMS", ("is_causal",))
     monkeypatch.setattr(attention, "varlen_applies", lambda query, dropout=0.0: True)
     torch.manual_seed(0)
@@ -199,8 +204,9 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
              [(6, [8, 1, 3, 2]), (4, [9, 7, 2, 5])], [(12, [2, 2, 9, 3]), (3, [6, 5, 8, 4])],
              [(6, [8]), (9, [3]), (4, [5])])  # the last shares no prompt: its keys are gathered all the same
     for i, spec in enumerate(specs):
-        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True)
-        assert mb.layout.key_index is not None  # shared prompts: keys gathered inside the graph
+        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True, max_seq_len=max_seq_len)
+        assert mb.layout.key_index is not None and mb.layout.bound == max_seq_len  # keys gathered inside the graph
+        calls.clear()
         grads = []
         for model in (eager, compiled):
             model.zero_grad()
@@ -209,6 +215,10 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch):
             logits.float().pow(2).mean().backward()
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
+        eager_calls, compiled_calls = calls[:3], calls[3:]  # each model's three layers' forwards
+        assert [c[:2] for c in eager_calls] == [(mb.layout.max_q, mb.layout.max_k)] * 3
+        assert [c[:2] for c in compiled_calls] == [(max_seq_len, max_seq_len) if max_seq_len else c[2:]
+                                                   for c in compiled_calls]
         if i == 0:
             frames = counter.frame_count
     assert not counters["graph_break"], dict(counters["graph_break"])
@@ -271,11 +281,13 @@ def test_the_stack_region_compiles_twice_then_never_again():
     assert seen[1:] == [seen[1]] * 4, f"later lengths compiled the stack again: {seen}"
 
 
-def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch):
+@pytest.mark.parametrize("max_seq_len", [0, 32])
+def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch, max_seq_len):
     """Packed rows (how the trainer runs a compiled model's micro batches), the stack compiled as one
     region with the GPU's varlen attention (a CPU stand-in): the first row compiles the stack with
     its length, segment count and gathered keys dynamic, and rows of other sizes, with and without
-    shared prompts, run that graph (a second compile of the stack costs minutes on a GPU)."""
+    shared prompts, run that graph (a second compile of the stack costs minutes on a GPU), with or
+    without the layouts' run-wide bound."""
     from test_packing import group_samples
     from torch._dynamo.testing import CompileCounterWithBackend
     from torch._dynamo.utils import counters
@@ -286,7 +298,7 @@ def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch):
     from vf_rl.trainer.model import compile_stack
     from vf_rl.trainer.packing import packed_micro_batch
 
-    monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen())
+    monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen()[0])
     monkeypatch.setattr(attention, "_VARLEN_PARAMS", ("is_causal",))
     monkeypatch.setattr(attention, "varlen_applies", lambda query, dropout=0.0: True)
     torch.manual_seed(0)
@@ -300,7 +312,7 @@ def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch):
     seen = []
     for i, spec in enumerate(([(9, [6, 2, 7, 4])], [(5, [3, 9]), (11, [4, 4, 6])], [(6, [8]), (9, [3]), (4, [5])],
                               [(12, [2, 2, 9, 3, 1]), (3, [6, 5])])):
-        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True)
+        mb = packed_micro_batch(group_samples(spec, seed=i), share_prompts=True, max_seq_len=max_seq_len)
         model(input_ids=mb.input_ids % 100, position_ids=mb.position_ids, use_cache=False,
               attention_mask=_no_mask(mb.input_ids.device), vf_rl_packing=mb.layout).logits.float().mean().backward()
         seen.append(counter.frame_count)

@@ -210,3 +210,28 @@ def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     assert len(stand_in["recordings"]) == 1 and len(stand_in["replays"]) == 2  # passes 2 and 3, one graph each
     with pytest.raises(RuntimeError, match="decoder layer 1 was called on other hidden states"):
         _toy_pass(layers, x.clone().requires_grad_(True), layout, between=lambda i, h: h * 2 if i == 1 else h)
+
+
+def test_a_recording_keeps_the_layouts_bound(stand_in):
+    """The layers a recording replays get the layout's run-wide ``bound`` (what the compiled layer
+    passes the varlen kernel for its longest segments), and a layout of the same shapes with
+    another bound records a graph of its own, never replaying one recorded for a smaller bound."""
+    from vf_rl.trainer.packing import PackedLayout
+
+    seen = []
+
+    class Seeing(_Toy):
+        def forward(self, hidden, shift, scale=1.0, extra=False, vf_rl_packing=None):
+            seen.append(vf_rl_packing.bound)
+            return super().forward(hidden, shift, scale, extra)
+
+    layers = [Seeing().train() for _ in range(2)]
+    graphs = layer_graphs.LayerGraphs(layers)
+    x = torch.randn(1, 5, 4)
+    for bound in (8, 8, 8, 0, 0):
+        layout = PackedLayout(torch.tensor([0, 5]), torch.tensor([0, 5]), None, 5, 5, [(0, 5, 0, 5)], bound)
+        seen.clear()
+        _toy_pass(layers, x.clone().requires_grad_(True), layout).sum().backward()
+        assert seen == [bound, bound]
+    assert len(graphs.graphs) == len(stand_in["recordings"]) == 2
+    assert len(stand_in["replays"]) == 3  # bound 8's second and third passes, bound 0's second

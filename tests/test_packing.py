@@ -164,20 +164,27 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     assert any(p.grad.abs().sum() > 0 for p in smol.parameters())
 
 
-@pytest.mark.parametrize("share_prompts", [False, True])
-def test_bucketed_micro_batch_keeps_the_log_probs_and_gradients(smol, share_prompts):
+@pytest.mark.parametrize("share_prompts,budget,max_seq_len", [(False, 0, 0), (True, 0, 0), (True, 512, 64),
+                                                                (False, 512, 64)])
+def test_bucketed_micro_batch_keeps_the_log_probs_and_gradients(smol, share_prompts, budget, max_seq_len):
     """``pad_to_buckets`` (CUDA graphs' fixed shapes) appends padding segments to the packed row:
     the row, segment count and gathered keys become bucket sizes, while the log-probs, entropies
-    and gradients of the real tokens are the unpadded micro batch's."""
+    and gradients of the real tokens are the unpadded micro batch's. With a ``max_seq_len`` bound
+    (the varlen kernel's longest segments when compiled) no padding segment's queries or keys
+    exceed it: a row padded far (a large budget) takes more padding segments, still a power of two."""
     samples = group_samples([(9, [6, 2, 7]), (4, [5, 3])], seed=4)
     weights = torch.randn(len(samples), 16, generator=torch.Generator().manual_seed(2))
     results = []
     for pad in (False, True):
-        mb = packed_micro_batch(samples, share_prompts)
+        mb = packed_micro_batch(samples, share_prompts, max_seq_len)
         if pad:
-            plain, mb = mb, pad_to_buckets(mb, pad_token_id=0)
+            plain, mb = mb, pad_to_buckets(mb, pad_token_id=0, token_budget=budget)
             n, s = mb.input_ids.shape[1], mb.layout.cu_q.shape[0] - 1
-            assert n == bucket(n, 64) > plain.input_ids.shape[1] and s == bucket(s, 4, per_octave=1) > len(samples)
+            assert n == bucket(max(n, budget), 64) > plain.input_ids.shape[1]
+            assert s == bucket(s, 4, per_octave=1) > len(samples) * (1 + bool(max_seq_len))
+            assert mb.layout.bound == max_seq_len
+            if max_seq_len:
+                assert max(mb.layout.cu_q.diff().max(), mb.layout.cu_k.diff().max()) <= max_seq_len
             assert mb.position_ids.shape == mb.input_ids.shape and len(mb.layout.segments) == s
             assert int(mb.layout.cu_q[-1]) == n and (mb.layout.cu_q.diff() > 0).all()
             assert torch.equal(mb.input_ids[:, :plain.input_ids.shape[1]], plain.input_ids)
@@ -207,6 +214,9 @@ def test_a_micro_batch_of_bucket_sizes_is_not_padded():
     assert pad_to_buckets(mb, pad_token_id=0, token_budget=65).input_ids.shape[1] == bucket(64 + 8, 64) == 72
     fewer = packed_micro_batch(samples[:6] + [Sample([5] * 16, [0] * 8 + [1] * 8, [0.0] * 16, 0.5)])
     assert fewer.input_ids.shape[1] == 64 and pad_to_buckets(fewer, pad_token_id=0).input_ids.shape[1] > 64
+    # a bound only where every segment's queries and keys are within it (else the row's length stands)
+    assert packed_micro_batch(samples, max_seq_len=8).layout.bound == 8
+    assert packed_micro_batch(samples, max_seq_len=7).layout.bound == 0
     shared = packed_micro_batch(samples, share_prompts=True)  # 40 tokens, 8 segments, 64 keys
     assert shared.input_ids.shape[1] == 40 and pad_to_buckets(shared, pad_token_id=0, token_budget=64).input_ids.shape[1] == 64
 

@@ -80,7 +80,8 @@ def batches(args, device: torch.device) -> list[list]:
     micro batches, on the device). ``fixed``: the fixed batch, then one of ``--second-completion-len``
     (another row length) unless 0. ``realistic``: three batches of ``trainer_step.py``'s realistic
     distribution (seeds 0-2: prompts shared by groups of 8, completions 4-1,024 tokens), padded to
-    bucket sizes as the CUDA-graph mode pads them (a few shapes, recorded once each)."""
+    bucket sizes as the CUDA-graph mode pads them (a few shapes, recorded once each). Packed rows
+    carry the run's ``max_seq_len`` as their bound, as the trainer's do."""
     g = torch.Generator().manual_seed(0)
     out = []
     if args.mode == "fixed":
@@ -90,7 +91,9 @@ def batches(args, device: torch.device) -> list[list]:
                 ids = torch.randint(3, 1000, (args.prompt_len + c,), generator=g).tolist()
                 samples.append(Sample(ids, [0] * args.prompt_len + [1] * c, [0.0] * len(ids),
                                       float(torch.randn((), generator=g))))
-            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, always_pack=True))
+            longest = args.prompt_len + max(args.completion_len, args.second_completion_len)  # the run's max_seq_len
+            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, always_pack=True,
+                                          max_seq_len=longest))
     else:
         from types import SimpleNamespace
 
@@ -106,7 +109,8 @@ def batches(args, device: torch.device) -> list[list]:
                 ids = prompt + torch.randint(3, 1000, (C,), generator=g).tolist()
                 samples.append(Sample(ids, [0] * P + [1] * C, [0.0] * len(ids), float(torch.randn((), generator=g)),
                                       group=group, prompt_len=P))
-            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, bucketed=True))
+            out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, bucketed=True,
+                                          max_seq_len=shape.prompt_max + shape.max_tokens))
     return [[mb.to(device) for mb in plan] for plan in out]
 
 

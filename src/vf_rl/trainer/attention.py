@@ -77,9 +77,13 @@ def _varlen_attention(query, key, value, layout: PackedLayout, scaling):
         else:
             groups = q.shape[1] // k.shape[1]
             k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
-    # the kernel takes the longest segments as upper bounds (its grid): compiled, the row's lengths
-    # bound them, symbolic sizes, where the layout's host ints would recompile the layer per value
-    max_q, max_k = (q.shape[0], k.shape[0]) if torch.compiler.is_compiling() else (layout.max_q, layout.max_k)
+    # the kernel takes the longest segments as upper bounds (its grid: a block per 128 tokens of
+    # them, per segment and head). Compiled, the layout's exact host ints would compile the layer
+    # again per value: its run-wide bound stands for them, else the row's lengths (symbolic sizes)
+    if not torch.compiler.is_compiling():
+        max_q, max_k = layout.max_q, layout.max_k
+    else:
+        max_q, max_k = (layout.bound, layout.bound) if layout.bound else (q.shape[0], k.shape[0])
     out = _VARLEN(q, k, v, layout.cu_q, layout.cu_k, max_q, max_k, **kwargs)
     return out.unsqueeze(0)
 

@@ -67,15 +67,15 @@ class _FlatStack(torch.nn.Module):
         self.layers, self.runs, self.form = torch.nn.ModuleList(layers), runs, form
 
     def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
-        spec, leaves, n_layout, segments = self.form
+        spec, leaves, n_layout, segments, bound = self.form
         n_call = len(tensors) - n_layout
         cu_q, cu_k, *key_index = tensors[n_call:]
         key_index = key_index[0] if key_index else None
         n = tensors[0].shape[1]  # the hidden states of the packed row, [1, N, H]
-        # longest segments as upper bounds (what the compiled layer uses anyway), so a replay is right
-        # for every micro batch of this shape
+        # the row's lengths as longest segments, so a replay is right for every micro batch of this shape
+        # (the compiled layer passes the kernel the layout's bound where it has one, part of the key)
         layout = PackedLayout(cu_q, cu_k, key_index, n, key_index.shape[0] if key_index is not None else n,
-                              segments)
+                              segments, bound)
         hidden = tensors[0]
         for run in self.runs:
             it = iter((hidden,) + tensors[1:n_call])
@@ -96,12 +96,12 @@ def _split(args: tuple, kwargs: dict) -> tuple[list[torch.Tensor], tuple, Hashab
     tensors += layout_tensors
     try:  # the same key for every layer of a pass: the hidden state's requires_grad left out (the
         # first layer's follows the embeddings, every later one's the layers before it)
-        key = (spec, tuple(fixed), tuple((tuple(t.shape), t.dtype, t.requires_grad and i > 0)
-                                         for i, t in enumerate(tensors)))
+        key = (spec, tuple(fixed), layout.bound, tuple((tuple(t.shape), t.dtype, t.requires_grad and i > 0)
+                                                       for i, t in enumerate(tensors)))
         hash(key)
     except TypeError:
         return None
-    return tensors, (spec, fixed, len(layout_tensors), layout.segments), key
+    return tensors, (spec, fixed, len(layout_tensors), layout.segments, layout.bound), key
 
 
 def _hidden_out(out) -> torch.Tensor | None:

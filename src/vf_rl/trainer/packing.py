@@ -128,8 +128,9 @@ def should_pack(samples: list[Sample], share_prompts: bool = False, min_saving: 
 def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_batch_size: int,
                        micro_batch_tokens: int | None, share_prompts: bool, pad_token_id: int,
                        padding_free: bool = True, bucketed: bool = False,
-                       always_pack: bool = False) -> list[MicroBatch]:
-    """This process's micro batches of a batch (host tensors).
+                       always_pack: bool = False, max_seq_len: int = 0) -> list[MicroBatch]:
+    """This process's micro batches of a batch (host tensors); packed ones bounded by
+    ``max_seq_len`` (:func:`packed_micro_batch`).
 
     ``padding_free``: samples are packed greedily by a token budget (``micro_batch_tokens``,
     else :func:`default_token_budget` of the whole batch, the same on every process; see
@@ -150,8 +151,8 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
     budget = micro_batch_tokens or default_token_budget(samples, micro_batch_size)
     packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
     if bucketed:
-        return [pad_to_buckets(packed_micro_batch(p, share_prompts), pad_token_id, budget) for p in packs]
-    return [packed_micro_batch(p, share_prompts) if always_pack or should_pack(p, share_prompts) else
+        return [pad_to_buckets(packed_micro_batch(p, share_prompts, max_seq_len), pad_token_id, budget) for p in packs]
+    return [packed_micro_batch(p, share_prompts, max_seq_len) if always_pack or should_pack(p, share_prompts) else
             padded_micro_batch(p, pad_token_id) for p in packs]
 
 
@@ -191,6 +192,9 @@ class PackedLayout:
         max_q: longest query segment (host int).
         max_k: longest key segment (host int).
         segments: host copy, ``(q_start, q_end, k_start, k_end)`` per segment.
+        bound: a bound on every query and key segment's length that is the same for every micro
+            batch of a run (``max_seq_len``), or 0 for none. Compiled layers pass it to the varlen
+            kernel in place of the longest segments (``attention.py``); see :func:`packed_micro_batch`.
     """
 
     cu_q: torch.Tensor
@@ -199,13 +203,13 @@ class PackedLayout:
     max_q: int
     max_k: int
     segments: list[tuple[int, int, int, int]]
+    bound: int = 0
 
     def to(self, device) -> PackedLayout:
         def move(t):
             return None if t is None else t.to(device, non_blocking=True)
 
-        return PackedLayout(move(self.cu_q), move(self.cu_k), move(self.key_index), self.max_q, self.max_k,
-                            self.segments)
+        return dataclasses.replace(self, cu_q=move(self.cu_q), cu_k=move(self.cu_k), key_index=move(self.key_index))
 
 
 @dataclass
@@ -261,10 +265,17 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> MicroBatch:
+def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_seq_len: int = 0) -> MicroBatch:
     """One packed micro batch of ``B`` samples (host tensors): column ``t`` of row ``b`` is
     token ``first_trained(sample_b) + t`` of sample ``b`` (``T`` = the longest such tail); the
-    ``M`` targets in row-major order of ``valid``."""
+    ``M`` targets in row-major order of ``valid``.
+
+    ``max_seq_len`` (tokens, 0 for none) becomes the layout's ``bound`` when no segment is longer.
+    The varlen kernel launches a block per 128 tokens of its longest-segment argument for every
+    segment and head, most of which return at once; compiled code cannot pass each row's exact
+    longest segments without compiling again per value, and with the row's length in their place
+    attention took 57% of the GPU time of a SmolLM2-135M LoRA step on a 15k-token row of ~120-token
+    samples (benchmarks/RESULTS.md, ar)."""
     ids, positions, pos_maps = [], [], []
     q_segments, k_index, k_bounds = [], [], [0]
     prev, prompt_at = None, 0  # the previous sample, and where its prompt starts in the row
@@ -311,6 +322,8 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False) -> Mi
         key_index=torch.tensor(k_index, dtype=torch.long) if gathers else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
+    if max_seq_len and max(layout.max_q, layout.max_k) <= max_seq_len:
+        layout.bound = max_seq_len
     return MicroBatch(input_ids=torch.tensor([ids], dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
                       loss_mask=loss_mask, sampling_logprobs=sampling,
                       advantages=torch.tensor([s.advantage for s in samples]), tokens=len(ids), layout=layout,
@@ -330,9 +343,10 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
 
     A micro batch already of those sizes (a row of the budget's bucket, segments a power of two,
     keys a bucket size: fixed-length batches) is returned as it is. Else the padding is ``d >= 1``
-    segments of ``pad_token_id`` appended to the row (positions from 0,
-    each attending to itself; the last one also to extra copies of its first key when keys are
-    gathered, to fill ``K``). They are never predicted from nor targets (``predict_index``,
+    segments of ``pad_token_id`` appended to the row (positions from 0, each attending to itself
+    and, when keys are gathered, to extra copies of its first key that fill ``K``): the first ones
+    as long as the layout's ``bound`` lets their keys be, the rest one token each (``d`` doubles
+    until the bound holds them). They are never predicted from nor targets (``predict_index``,
     ``targets``, the ``[B, T]`` tensors and ``tokens`` are ``mb``'s), so log-probs, loss and
     gradients are ``mb``'s (tests/test_packing.py); the cost is their forward, at most an eighth
     of a full row's length in tokens past the padding segments' one token each (a micro batch
@@ -343,15 +357,20 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
     k = int(layout.cu_k[-1])
     if n == bucket(max(n, token_budget), 64) and s == bucket(s, 4, per_octave=1) and (not shared or k == bucket(k, 64)):
         return mb
+    cap = layout.bound if layout.bound >= 64 else 0  # each padding segment's keys within the bound
     d = bucket(s + 1, 4, per_octave=1) - s
-    lengths = [1] * (d - 1)
-    lengths.append(bucket(max(n + d, token_budget), 64) - n - (d - 1))
-    pad = sum(lengths)
-    extra = bucket(k + pad, 64) - k - pad if shared else 0
+    while True:
+        pad = bucket(max(n + d, token_budget), 64) - n
+        extra = bucket(k + pad, 64) - k - pad if shared else 0
+        if not cap or pad + extra <= d * cap:
+            break
+        d = bucket(s + d + 1, 4, per_octave=1) - s  # twice the segments
     q_bounds, k_bounds, key_index, positions, segments = [], [], [], [], list(layout.segments)
-    q0, k0 = n, k
-    for j, length in enumerate(lengths):
-        more = extra if j == d - 1 else 0
+    bounded, q0, k0, left, cap = cap > 0, n, k, extra, cap or pad + extra
+    for j in range(d):  # the first segments as long as the bound lets them, the rest one token
+        length = min(cap, pad - (q0 - n) - (d - 1 - j))
+        more = min(cap - length, left)
+        left -= more
         segments.append((q0, q0 + length, k0, k0 + more + length))
         key_index += [q0] * more + list(range(q0, q0 + length))
         positions += range(length)
@@ -364,7 +383,8 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
         cu_k=torch.cat([layout.cu_k, torch.tensor(k_bounds, dtype=layout.cu_k.dtype)]),
         key_index=torch.cat([layout.key_index, torch.tensor(key_index, dtype=torch.long)]) if shared else None,
         max_q=max([layout.max_q] + [b - a for a, b, _, _ in added]),
-        max_k=max([layout.max_k] + [b - a for _, _, a, b in added]), segments=segments)
+        max_k=max([layout.max_k] + [b - a for _, _, a, b in added]), segments=segments,
+        bound=layout.bound if bounded else 0)
     return dataclasses.replace(
         mb, layout=padded, input_ids=torch.cat([mb.input_ids, torch.full((1, pad), pad_token_id, dtype=torch.long)], 1),
         position_ids=torch.cat([mb.position_ids, torch.tensor([positions], dtype=mb.position_ids.dtype)], 1))

@@ -333,7 +333,7 @@ class RLTrainer(CheckpointingTrainer):
         # forward, so no copy or host read waits for queued GPU work inside the loop
         on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
                                      a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id,
-                                     a.padding_free, self.cuda_graphs, always_pack=bool(a.torch_compile))
+                                     a.padding_free, self.cuda_graphs, bool(a.torch_compile), a.max_seq_len)
         trained_tokens = sum(mb.tokens for mb in on_host)
         my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
         on_device = [mb.to(a.device) for mb in on_host]
