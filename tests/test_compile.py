@@ -167,15 +167,15 @@ def _cpu_varlen():
     return varlen_attn, calls
 
 
-@pytest.mark.parametrize("max_seq_len", [0, 32])
+@pytest.mark.parametrize("max_seq_len", [0, 32, 64])  # no bound; one under every row's length; one over the rows'
 def test_packed_attention_traces_into_the_compiled_layer(monkeypatch, max_seq_len):
     """On the GPU's varlen kernel (a CPU stand-in here: the real one is CUDA-only) packed
     attention traces into each compiled decoder layer: no graph break, gradients equal the eager
     model's for packed rows with shared prompts, and the first row compiles the layer with the
     row's sizes dynamic (``model._mark_row_sizes``): rows of new lengths and longest segments,
     and a row whose samples share no prompt (its keys gathered by an identity index), compile
-    nothing new. The kernel's longest-segment arguments are the layout's run-wide bound
-    (``max_seq_len``) where it has one, else the row's symbolic sizes, never its exact host ints."""
+    nothing new. The kernel's longest-segment arguments are the row's symbolic sizes, capped by the
+    layout's run-wide bound (``max_seq_len``) where it has one, never its exact host ints."""
     import copy
 
     from test_packing import group_samples
@@ -217,8 +217,8 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch, max_seq_le
         torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)
         eager_calls, compiled_calls = calls[:3], calls[3:]  # each model's three layers' forwards
         assert [c[:2] for c in eager_calls] == [(mb.layout.max_q, mb.layout.max_k)] * 3
-        assert [c[:2] for c in compiled_calls] == [(max_seq_len, max_seq_len) if max_seq_len else c[2:]
-                                                   for c in compiled_calls]
+        assert [c[:2] for c in compiled_calls] == [(min(max_seq_len, c[2]), min(max_seq_len, c[3])) if max_seq_len
+                                                   else c[2:] for c in compiled_calls]
         if i == 0:
             frames = counter.frame_count
     assert not counters["graph_break"], dict(counters["graph_break"])

@@ -79,11 +79,14 @@ def _varlen_attention(query, key, value, layout: PackedLayout, scaling):
             k, v = _expand_kv(k, groups, 1), _expand_kv(v, groups, 1)
     # the kernel takes the longest segments as upper bounds (its grid: a block per 128 tokens of
     # them, per segment and head). Compiled, the layout's exact host ints would compile the layer
-    # again per value: its run-wide bound stands for them, else the row's lengths (symbolic sizes)
+    # again per value: the row's lengths (symbolic sizes) stand for them, capped by the layout's
+    # run-wide bound where it has one (a symbolic min: no guard, no recompile)
     if not torch.compiler.is_compiling():
         max_q, max_k = layout.max_q, layout.max_k
+    elif layout.bound:
+        max_q, max_k = torch.sym_min(layout.bound, q.shape[0]), torch.sym_min(layout.bound, k.shape[0])
     else:
-        max_q, max_k = (layout.bound, layout.bound) if layout.bound else (q.shape[0], k.shape[0])
+        max_q, max_k = q.shape[0], k.shape[0]
     out = _VARLEN(q, k, v, layout.cu_q, layout.cu_k, max_q, max_k, **kwargs)
     return out.unsqueeze(0)
 

@@ -193,8 +193,9 @@ class PackedLayout:
         max_k: longest key segment (host int).
         segments: host copy, ``(q_start, q_end, k_start, k_end)`` per segment.
         bound: a bound on every query and key segment's length that is the same for every micro
-            batch of a run (``max_seq_len``), or 0 for none. Compiled layers pass it to the varlen
-            kernel in place of the longest segments (``attention.py``); see :func:`packed_micro_batch`.
+            batch of a run (``max_seq_len``), or 0 for none. Compiled layers pass the varlen kernel
+            the row's lengths capped by it as the longest segments (``attention.py``); see
+            :func:`packed_micro_batch`.
     """
 
     cu_q: torch.Tensor

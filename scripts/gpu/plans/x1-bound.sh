@@ -1,0 +1,33 @@
+#!/bin/bash
+# One GPU, ~25 minutes (the last parts are cut where device time ends): the varlen kernel's segment bound under
+# compile (packed layouts carry max_seq_len, PackedLayout.bound; before, the row's length: FlashAttention 57% of the
+# per-layer compile's GPU time on a SmolLM2-135M step and 78% in layer graphs, RESULTS ar). Empty caches per part.
+#   1 (~3 min): scripts/gpu/layer_graphs_check.py fixed (its rows carry the bound), sides layers, layers-again (the
+#     run-to-run floor), graphs: the gradients still agree ((aq): graphs 2.64e-2, floor 2.66e-2)
+#   2 (~2 min): (ar)'s small step, per-layer compile and layer graphs ((ar): 0.149 s and 0.248 s)
+#   3 (~8 min): the four fixed cases in layer graphs ((aq): 105,015 / 122,735 / 77,883 / 69,822 tokens/s)
+#   4 (~10 min): TRL's fastest fixed side on the two Llama cases, back to back with 3 ((aq): 65,165 / 60,647)
+#   5 (~5 min): reverse-text at vf-rl's defaults, as (ar) (120.1 s to step 1; 0.428 s steps)
+S=scripts/gpu/session.sh
+mkdir -p /tmp/e2e
+fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }
+fresh_caches
+timeout 420 python3 scripts/gpu/layer_graphs_check.py --sides layers,layers-again,graphs > /tmp/e2e/layer-graphs-check-bound.log 2>&1
+echo "rc=$?" >> /tmp/e2e/layer-graphs-check-bound.log
+small() {  # side
+  fresh_caches
+  timeout 420 python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora --lora-rank 8 \
+    --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
+    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides $1 --profile \
+    --json /tmp/e2e/small-step-bound-smollm2-$1.json > /tmp/e2e/small-step-bound-smollm2-$1.log 2>&1
+}
+small vf-rl
+small vf-rl-layer-graphs
+fresh_caches
+MODE=fixed STEPS=6 LIMIT=300 SIDES=vf-rl-layer-graphs FG=1 bash $S best
+CASES="llama-1b:lora llama-1b:full" bash scripts/gpu/plans/x1-trl-fixed.sh
+fresh_caches
+name=learning-reverse-text-bound
+timeout 600 python3 benchmarks/learning.py --env reverse-text --device gpu --model /tmp/smol --minutes 2 \
+  --sides vf-rl --shared --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1
+echo "plan done"
