@@ -102,7 +102,8 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
     """``record_layer_graphs`` on an ``RLTrainer``'s model (SmolLM2, LoRA, micro batches padded to
     bucket sizes): over two steps' forward/backward passes of one batch every shape is recorded
     once, at its second pass, later passes replay with every trainable parameter holding a
-    ``.grad``, and each step's loss and adapter gradients equal the eager trainer's."""
+    ``.grad`` and the run's ``max_seq_len`` as the layout's bound, and each step's loss and adapter
+    gradients equal the eager trainer's."""
     from test_compile import _trainer, group_samples
     from transformers import AutoTokenizer
 
@@ -115,7 +116,7 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
     batch = Batch(step=0, samples=group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=5), rollouts=[],
                   metrics={})
-    runs = {}
+    runs, bounds = {}, []
     for name in ("eager", "graphs"):
         trainer = _trainer(model_dir, tmp_path, name, tokenizer, env, micro_batch_tokens=40, torch_compile=False)
         trainable = [p for p in trainer.model.parameters() if p.requires_grad]
@@ -131,13 +132,14 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
             trainer.cuda_graphs = True
             original = layer_graphs._FlatStack.forward
             monkeypatch.setattr(layer_graphs._FlatStack, "forward", lambda self, *t: ready.append(
-                all(p.grad is not None for p in trainable)) or original(self, *t))
+                all(p.grad is not None for p in trainable)) or bounds.append(self.form[-1]) or original(self, *t))
         runs[name] = []
         for _ in range(2):
             trainer.model.zero_grad(set_to_none=True)
             loss, _ = trainer._train_on_batch(trainer.model, batch)
             runs[name].append((float(loss), torch.cat([p.grad.flatten().clone() for p in trainable])))
     assert len(stand_in["recordings"]) >= 1 and len(stand_in["replays"]) > 0 and ready and all(ready)
+    assert set(bounds) == {trainer.args.max_seq_len}  # the run's bound on the varlen kernel's segments
     for (loss_ref, grads_ref), (loss, grads) in zip(runs["eager"], runs["graphs"]):
         assert loss == pytest.approx(loss_ref, rel=1e-5) and loss != 0.0
         assert float((grads - grads_ref).norm() / grads_ref.norm()) < 1e-4

@@ -343,6 +343,7 @@ poll)  # waits for the background runs (POLL_S seconds at most), then packs what
   pgrep -f "$busy" > /dev/null && echo "still running"
   P=/tmp/poll; rm -rf $P; mkdir -p $P
   cp /tmp/e2e/*.log /tmp/e2e/*.json /tmp/e2e/*.png $P/ 2>/dev/null
+  find /tmp/e2e -maxdepth 1 -name '*.json.gz' -size -20M -exec cp {} $P/ \;  # trainer_step.py --trace files
   [ -d /tmp/e2e/out ] && cp -r /tmp/e2e/out $P/out  # a plan's lanes' $OUT
   # the trainer's tail, after the start-up lines: the trainer's own start and wait, vLLM's timed phases
   for d in /tmp/e2e/*/; do [ "$d" = /tmp/e2e/out/ ] && continue; { grep -ah "vf-vllm ready\|after vf-rl did\|vLLM starts\|torch_compile\|took\|Capturing\|compil" \

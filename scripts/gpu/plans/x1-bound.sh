@@ -18,7 +18,7 @@ small() {  # side
   fresh_caches
   timeout 420 python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora --lora-rank 8 \
     --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
-    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides $1 --profile \
+    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides $1 --profile --trace /tmp/e2e/trace-small-bound.json.gz \
     --json /tmp/e2e/small-step-bound-smollm2-$1.json > /tmp/e2e/small-step-bound-smollm2-$1.log 2>&1
 }
 small vf-rl

@@ -358,7 +358,7 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
     k = int(layout.cu_k[-1])
     if n == bucket(max(n, token_budget), 64) and s == bucket(s, 4, per_octave=1) and (not shared or k == bucket(k, 64)):
         return mb
-    cap = layout.bound if layout.bound >= 64 else 0  # each padding segment's keys within the bound
+    cap = layout.bound if layout.bound >= 2 else 0  # each padding segment's keys within the bound
     d = bucket(s + 1, 4, per_octave=1) - s
     while True:
         pad = bucket(max(n + d, token_budget), 64) - n
