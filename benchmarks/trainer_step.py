@@ -853,27 +853,43 @@ def profile_step(step, name: str, device, trace: Path | None = None) -> None:
         print(f"[{name}] trace: {trace}")
 
 
-def device_gaps(events, least_us: float = 50.0) -> str:
-    """One line: between a profiled step's first and last kernel (profiler events of device type
-    CUDA, times in microseconds), the time some kernel ran (overlaps counted once) and the time
-    none did, in gaps of at least ``least_us`` (the host not keeping the GPU fed) and shorter."""
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events if e.device_type.name == "CUDA")
+def device_gaps(events, least_us: float = 50.0, top: int = 5) -> str:
+    """Between a profiled step's first and last kernel (profiler events of device type CUDA,
+    times in microseconds): the time some kernel ran (overlaps counted once) and the time none
+    did, in gaps of at least ``least_us`` (the host not keeping the GPU fed) and shorter; then
+    the idle time by the kernel each gap ends at (what the GPU waited for the host to launch),
+    ``top`` names, and the ``top`` largest gaps with the kernels on either side."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in events if e.device_type.name == "CUDA")
     if not spans:
         return "no kernel events"
-    busy, end, long_gaps, short_idle = 0.0, spans[0][0], [], 0.0
-    for start, stop in spans:
+    busy, end, last, long_gaps, short_idle, before = 0.0, spans[0][0], spans[0][2], [], 0.0, {}
+    for start, stop, name in spans:
         if start > end:
             gap = start - end
             if gap >= least_us:
-                long_gaps.append(gap)
+                long_gaps.append((gap, last, name))
             else:
                 short_idle += gap
+            total_gap, count = before.get(name, (0.0, 0))
+            before[name] = (total_gap + gap, count + 1)
         busy += max(stop, end) - max(start, end)
-        end = max(end, stop)
+        if stop >= end:
+            end, last = stop, name
     total = end - spans[0][0]
-    return (f"device: {busy / 1e3:.1f} ms busy of {total / 1e3:.1f} ms from first to last kernel; idle in "
-            f"{len(long_gaps)} gaps >= {least_us:.0f} us: {sum(long_gaps) / 1e3:.1f} ms (largest "
-            f"{max(long_gaps, default=0) / 1e3:.1f} ms), in shorter ones {short_idle / 1e3:.1f} ms")
+
+    def short(name):
+        return name if len(name) <= 48 else name[:45] + "..."
+
+    lines = [f"device: {busy / 1e3:.1f} ms busy of {total / 1e3:.1f} ms from first to last kernel; idle in "
+             f"{len(long_gaps)} gaps >= {least_us:.0f} us: {sum(g for g, _, _ in long_gaps) / 1e3:.1f} ms (largest "
+             f"{max((g for g, _, _ in long_gaps), default=0) / 1e3:.1f} ms), in shorter ones {short_idle / 1e3:.1f} ms"]
+    if before:
+        ranked = sorted(before.items(), key=lambda kv: -kv[1][0])[:top]
+        lines.append("  idle before: " + "; ".join(f"{short(n)} {t / 1e3:.1f} ms ({c})" for n, (t, c) in ranked))
+    if long_gaps:
+        lines.append("  largest gaps: " + "; ".join(f"{g / 1e3:.1f} ms {short(a)} -> {short(b)}"
+                                                    for g, a, b in sorted(long_gaps, reverse=True)[:top]))
+    return "\n".join(lines)
 
 
 def python_profile(step, name: str, device) -> None:

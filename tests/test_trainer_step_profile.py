@@ -33,12 +33,17 @@ def test_device_gaps_count_the_time_no_kernel_ran():
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
-    def event(start, end, device="CUDA"):
-        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end), device_type=SimpleNamespace(name=device))
+    def event(start, end, device="CUDA", name="k"):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end), device_type=SimpleNamespace(name=device),
+                               name=name)
 
-    # kernels 0-100 and 50-150 overlap, a 10 us gap, 160-200, a 200 us gap, 400-500; a CPU op spans it all
-    line = trainer_step.device_gaps([event(160, 200), event(0, 100), event(50, 150), event(400, 500),
-                                     event(0, 1000, "CPU")])
-    assert line == ("device: 0.3 ms busy of 0.5 ms from first to last kernel; idle in 1 gaps >= 50 us: 0.2 ms "
-                    "(largest 0.2 ms), in shorter ones 0.0 ms")
+    # kernels 0-100 and 50-150 overlap, a 10 us gap, 160-200, a 200 us gap, 400-500, a 30 us gap, 530-540;
+    # a CPU op spans it all
+    lines = trainer_step.device_gaps([event(160, 200, name="add"), event(0, 100, name="gemm"),
+                                      event(50, 150, name="flash"), event(400, 500, name="gemm"),
+                                      event(530, 540, name="add"), event(0, 1000, "CPU", name="aten::mm")]).split("\n")
+    assert lines == ["device: 0.3 ms busy of 0.5 ms from first to last kernel; idle in 1 gaps >= 50 us: 0.2 ms "
+                     "(largest 0.2 ms), in shorter ones 0.0 ms",
+                     "  idle before: gemm 0.2 ms (1); add 0.0 ms (2)",
+                     "  largest gaps: 0.2 ms add -> gemm"]
     assert trainer_step.device_gaps([event(0, 10, "CPU")]) == "no kernel events"

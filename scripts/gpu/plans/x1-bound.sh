@@ -6,6 +6,8 @@
 #     run-to-run floor), graphs: the gradients still agree ((aq): graphs 2.64e-2, floor 2.66e-2)
 #   2 (~2 min): (ar)'s small step, per-layer compile and layer graphs ((ar): 0.149 s and 0.248 s)
 #   3 (~8 min): the four fixed cases in layer graphs ((aq): 105,015 / 122,735 / 77,883 / 69,822 tokens/s)
+#   3b (~2 min): fixed Llama-1.2B LoRA in layer graphs, profiled, with its trace: where the GPU waits ((ar): 49.6 ms
+#     idle of a 413 ms step; the profile now names the kernels the gaps end at)
 #   4 (~10 min): TRL's fastest fixed side on the two Llama cases, back to back with 3 ((aq): 65,165 / 60,647)
 #   5 (~5 min): reverse-text at vf-rl's defaults, as (ar) (120.1 s to step 1; 0.428 s steps)
 S=scripts/gpu/session.sh
@@ -25,6 +27,10 @@ small vf-rl
 small vf-rl-layer-graphs
 fresh_caches
 MODE=fixed STEPS=6 LIMIT=300 SIDES=vf-rl-layer-graphs FG=1 bash $S best
+fresh_caches
+timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --lora --batch 64 --micro-batch 8 \
+  --prompt-len 256 --completion-len 256 --steps 3 --warmup 2 --no-grad-check --sides vf-rl-layer-graphs --profile \
+  --trace /tmp/e2e/trace-llama-lora-bound.json.gz > /tmp/e2e/profile-fixed-llama-1b-lora-bound.log 2>&1
 CASES="llama-1b:lora llama-1b:full" bash scripts/gpu/plans/x1-trl-fixed.sh
 fresh_caches
 name=learning-reverse-text-bound
