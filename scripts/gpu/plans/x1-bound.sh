@@ -2,9 +2,11 @@
 # One GPU, ~25 minutes (the last parts are cut where device time ends): the varlen kernel's segment bound under
 # compile (packed layouts carry max_seq_len, PackedLayout.bound; before, the row's length: FlashAttention 57% of the
 # per-layer compile's GPU time on a SmolLM2-135M step and 78% in layer graphs, RESULTS ar). Empty caches per part.
-#   1 (~3 min): scripts/gpu/layer_graphs_check.py fixed (its rows carry the bound), sides layers, layers-again (the
-#     run-to-run floor), graphs: the gradients still agree ((aq): graphs 2.64e-2, floor 2.66e-2)
-#   2 (~2 min): (ar)'s small step, per-layer compile and layer graphs ((ar): 0.149 s and 0.248 s)
+#   1 (~4 min): scripts/gpu/layer_graphs_check.py fixed (its rows carry the bound), sides layers, layers-again (the
+#     run-to-run floor), eager (exact longest segments, not compiled: the bounded kernel's check), graphs: the
+#     gradients still agree ((aq): graphs 2.64e-2, floor 2.66e-2, eager 3.56e-2)
+#   2 (~2 min): (ar)'s small step, per-layer compile and layer graphs ((ar): 0.149 s and 0.248 s; the first
+#     optimizer step's summed loss -0.0614952 on both, which the bound must not change)
 #   3 (~8 min): the four fixed cases in layer graphs ((aq): 105,015 / 122,735 / 77,883 / 69,822 tokens/s)
 #   3b (~2 min): fixed Llama-1.2B LoRA in layer graphs, profiled, with its trace: where the GPU waits ((ar): 49.6 ms
 #     idle of a 413 ms step; the profile now names the kernels the gaps end at)
@@ -14,7 +16,7 @@ S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }
 fresh_caches
-timeout 420 python3 scripts/gpu/layer_graphs_check.py --sides layers,layers-again,graphs > /tmp/e2e/layer-graphs-check-bound.log 2>&1
+timeout 420 python3 scripts/gpu/layer_graphs_check.py --sides layers,layers-again,eager,graphs > /tmp/e2e/layer-graphs-check-bound.log 2>&1
 echo "rc=$?" >> /tmp/e2e/layer-graphs-check-bound.log
 small() {  # side
   fresh_caches
