@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 import tomli_w
 
+from vf_rl.config.args import CUDA_GRAPH_MODES
 from vf_rl.memory import GIB, GPU_80GB_BYTES, ModelShape, estimate_trainer_peak
 from vf_rl.trainer.batching import Sample
-from vf_rl.trainer.packing import plan_micro_batches
+from vf_rl.trainer.packing import default_token_budget, packed_micro_batch, pad_to_buckets, plan_micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -41,9 +42,12 @@ def measured_passes(args: dict, overrides: dict) -> list[tuple[int, int]]:
     samples = [Sample(input_ids=[10 + (g if g >= 0 else 1000 + i)] * p + [5] * c, loss_mask=[0] * p + [1] * c,
                       sampling_logprobs=[0.0] * (p + c), advantage=1.0, group=g, prompt_len=p)
                for i, (p, c, g) in enumerate(zip(*shape))]
-    plans = plan_micro_batches(samples, 1, 0, args["micro_batch"], args.get("vf_micro_batch_tokens"),
-                               overrides.get("share_prompts", True), 0, overrides.get("padding_free", True),
-                               bucketed=overrides.get("bucketed", False))
+    share = overrides.get("share_prompts", True)
+    plans = plan_micro_batches(samples, 1, 0, args["micro_batch"], args.get("vf_micro_batch_tokens"), share, 0,
+                               overrides.get("padding_free", True), bucketed=overrides.get("bucketed", False))
+    if overrides.get("bucketed") and overrides.get("padded_to_budget") and len(plans) == 1:  # PADDED_TO_BUDGET_UNTIL
+        budget = args.get("vf_micro_batch_tokens") or default_token_budget(samples, args["micro_batch"])
+        plans = [pad_to_buckets(packed_micro_batch(samples, share), 0, budget)]
     return [(mb.input_ids.numel(), int(mb.loss_mask.sum())) for mb in plans]
 
 
@@ -78,8 +82,8 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
         cuda_graphs = ("decoder stack compiled as one region of CUDA graphs" in mode
                        or "recorded as one CUDA graph per padded shape" in mode)
         overrides = {"padding_free": "padding_free=False" not in mode, "share_prompts": "share_prompts=False" not in mode,
-                     # CUDA graphs: passes padded to bucket sizes, as the trainer runs them
-                     "bucketed": cuda_graphs}
+                     # CUDA graphs: passes padded to bucket sizes, as the trainer runs them (ran then)
+                     "bucketed": cuda_graphs, "padded_to_budget": record.get("date", "") < PADDED_TO_BUDGET_UNTIL}
         passes = measured_passes(args, overrides)
         # fused layers: compiled (the default on a GPU), or liger-kernel on an eager side
         eager = "torch_compile off" in mode or "torch_compile=False" in mode
@@ -107,6 +111,10 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
     assert abs(errors[worst]) <= 0.25, {k: f"{v:+.1%}" for k, v in errors.items() if abs(v) > 0.25}
 
 
+PADDED_TO_BUDGET_UNTIL = "2026-11-29 14:30 UTC"
+"""Runs dated before this padded a batch that is one pass to the token budget's bucket in the CUDA-graph
+modes, as every other pass (``packing.plan_micro_batches`` now pads it to its own bucket)."""
+
 STACK_MODE_UNTIL = "2026-11-29 09:00 UTC"
 """Learning runs dated before this ran the decoder stack's CUDA graphs for ``torch_compile_mode =
 "reduce-overhead"`` (RESULTS ak-ao); later ones record the compiled layers (ap on)."""
@@ -127,10 +135,11 @@ def learning_runs():
             if args.get("torch_compile_mode") == "reduce-overhead" and record["settings"]["date"] < STACK_MODE_UNTIL:
                 args["torch_compile_mode"] = "max-autotune"  # what runs the stack's graphs now
             yield (path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20,
-                   liger)
+                   liger, record["settings"]["date"] < PADDED_TO_BUDGET_UNTIL and args.get("torch_compile") is not False
+                   and args.get("torch_compile_mode") in CUDA_GRAPH_MODES)
 
 
-def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, model_dir):
+def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, model_dir, monkeypatch):
     """The learning benchmarks' whole-GPU peaks (trainer and vLLM, one shared H100 or two) against
     the estimate the pre-flight makes for the run's own config (the same model shape), with the
     environment's prompts (mean tokens, as the orchestrator renders them) and every completion at
@@ -150,8 +159,14 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
+    from vf_rl import memory
+
+    unpadded = memory._unpadded_pass
     errors = {}
-    for name, run, peak, gpu_bytes, liger in learning_runs():
+    for name, run, peak, gpu_bytes, liger, padded_to_budget in learning_runs():
+        # a run before PADDED_TO_BUDGET_UNTIL padded its one pass to the budget's bucket (in the CUDA-graph modes)
+        monkeypatch.setattr(memory, "_unpadded_pass", (lambda *a: (max(unpadded(*a)[0], a[5]), unpadded(*a)[1]))
+                            if padded_to_budget else unpadded)
         run = json.loads(json.dumps(run))
         run["model"] = str(model_dir)  # SmolLM2-135M-Instruct, or an SFT warm-up of it (same shape)
         run["trainer"]["args"]["output_dir"] = str(tmp_path / name)
@@ -421,25 +436,30 @@ def test_each_steps_peak_gpu_memory_is_in_its_metrics(tmp_path, monkeypatch):
     assert peaks == {"allocated": 0, "reserved": 0}
 
 
-@pytest.mark.parametrize("measured", [False, True])
-def test_with_cuda_graphs_the_pass_is_the_padded_row(measured):
+@pytest.mark.parametrize("measured,micro", [(False, 8), (True, 8), (True, 128)])
+def test_with_cuda_graphs_the_pass_is_the_padded_row(measured, micro):
     """``torch_compile_mode = "reduce-overhead"``: the trainer pads every packed pass to the token
-    budget's bucket (``packing.pad_to_buckets``), so the estimate's pass is that row, with or without
-    a pre-flight's lengths, and the trained tokens stay the unpadded pass's."""
+    budget's bucket (``packing.pad_to_buckets``), or, where the whole batch is one pass (micro batch
+    128), to that pass's own bucket, so the estimate's pass is that row, with or without a
+    pre-flight's lengths, and the trained tokens stay the unpadded pass's."""
     from vf_rl.memory import pass_tokens
     from vf_rl.trainer.shape_grid import bucket
 
-    a = {"micro_batch_size": 8, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
+    a = {"micro_batch_size": micro, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
          "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True,
          "torch_compile": True}
     lengths = (1, 228.0, 128.0, 100.0) if measured else ()
     plain = pass_tokens(a, *lengths)
     graphs = pass_tokens({**a, "torch_compile_mode": "reduce-overhead"}, *lengths)
-    budget = 8 * (228 if measured else 512)
+    budget = micro * (228 if measured else 512)
     samples = [Sample(input_ids=[10 + g] * 100 + [5] * 128, loss_mask=[0] * 100 + [1] * 128,
                       sampling_logprobs=[0.0] * 228, advantage=1.0, group=g, prompt_len=100)
                for g in range(16) for _ in range(8)]
-    rows = {mb.input_ids.shape[1] for mb in plan_micro_batches(samples, 1, 0, 8, budget, True, 0, True, bucketed=True)}
+    plans = plan_micro_batches(samples, 1, 0, micro, budget, True, 0, True, bucketed=True)
+    rows = {mb.input_ids.shape[1] for mb in plans}
     assert graphs[1] == plain[1] and graphs[0] > plain[0] - 1
-    assert graphs[0] == (max(rows) if measured else bucket(budget + 1, 64)) > budget
+    if micro == 128:  # one pass of 16 x 100 + 128 x 128 = 17,984 tokens, padded to 18,432, not to the budget's 29,184
+        assert len(plans) == 1 and graphs[0] == max(rows) == bucket(17_984 + 1, 64) < budget
+    else:
+        assert graphs[0] == (max(rows) if measured else bucket(budget + 1, 64)) > budget
     assert pass_tokens({**a, "torch_compile_mode": "max-autotune-no-cudagraphs"}, *lengths) == plain

@@ -230,7 +230,8 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     in tokens (a pre-flight's measurement: the whole sample, its completions, its first prompt);
     without them each sample is the bound ``max_seq_len`` and trains ``max_tokens`` (unset: the
     environment's limit, bounded by the sample). With CUDA graphs (``torch_compile_mode``) the
-    pass is the packed row padded to the budget's bucket (``packing.pad_to_buckets``)."""
+    pass is the packed row padded to a bucket size (``packing.pad_to_buckets``): the budget's, or
+    the share's own where the whole share is one pass."""
     from vf_rl.config.args import CUDA_GRAPH_MODES
 
     micro, max_seq_len = int(a["micro_batch_size"]), int(a["max_seq_len"])
@@ -242,7 +243,7 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     if a.get("torch_compile") and a.get("torch_compile_mode") in CUDA_GRAPH_MODES:
         from vf_rl.trainer.shape_grid import bucket
 
-        tokens = bucket(max(tokens, budget) + 1, 64)  # at least one padding segment
+        tokens = bucket(tokens + 1, 64)  # at least one padding segment; the budget's or, one pass, the share's
     return tokens, trained
 
 

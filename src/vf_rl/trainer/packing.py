@@ -139,7 +139,10 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
     ``always_pack`` (compiled layers: one input form, so one graph to compile; packed rows never
     hold more tokens than padded ones). With ``bucketed`` (CUDA graphs, which replay one recorded
     graph per input shape) every micro batch runs packed, padded to bucket sizes
-    (:func:`pad_to_buckets`). Otherwise: this process's shard
+    (:func:`pad_to_buckets`): of the budget, so that a batch's last micro batch takes the shape of the
+    others, except where the process's whole share is one micro batch (a budget from the mean
+    sample counts each shared prompt once per sample, and reverse-text's one pass of 4-9k tokens
+    was padded to ~20k). Otherwise: this process's shard
     (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
     if not padding_free:
@@ -150,8 +153,9 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
                 for i in range(0, len(mine), micro_batch_size)]
     budget = micro_batch_tokens or default_token_budget(samples, micro_batch_size)
     packs = pack_for_rank(samples, world_size, rank, budget, share_prompts)
-    if bucketed:
-        return [pad_to_buckets(packed_micro_batch(p, share_prompts, max_seq_len), pad_token_id, budget) for p in packs]
+    if bucketed:  # a batch in one pass (per process) is padded to its own bucket, not the budget's
+        target = budget if len(packs) > 1 else 0
+        return [pad_to_buckets(packed_micro_batch(p, share_prompts, max_seq_len), pad_token_id, target) for p in packs]
     return [packed_micro_batch(p, share_prompts, max_seq_len) if always_pack or should_pack(p, share_prompts) else
             padded_micro_batch(p, pad_token_id) for p in packs]
 

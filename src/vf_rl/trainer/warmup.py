@@ -31,8 +31,8 @@ from .orchestrator import Batch
 SHAPES = (((5, 17, 33, 64), 2, None), ((1, 3, 2), 1, 8))
 """The synthetic batches: (completion lengths in tokens, one group's sample per length up to
 ``rollouts_per_example``; number of groups; the prompts' last tokens kept, None: half of
-``max_seq_len``). The second is much shorter than the first (its row, padded to the budget's
-bucket with CUDA graphs, lands in another size) and has fewer samples per group."""
+``max_seq_len``). The second is much shorter than the first (its row, padded to a bucket size
+with CUDA graphs, lands in another size) and has fewer samples per group."""
 
 
 def synthetic_batch(rows: list[dict], tokenizer, max_seq_len: int, max_tokens: int | None,
