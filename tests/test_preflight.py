@@ -61,14 +61,17 @@ def test_verdicts_on_reverse_text(server, model_dir, tmp_path, env_args, max_tok
 
 @pytest.mark.server
 def test_few_shot_gives_spread_and_a_baseline_in_range(server, model_dir, tmp_path):
-    # max_tokens well above the ~30-token answers: at 64, one run in many had half its (unseeded) rollouts
-    # cut, the "lengths" verdict's threshold
+    # max_tokens well above the ~30-token answers; the rollouts are unseeded (a shared seed would make a
+    # group's rollouts one), and SmolLM2 now and then rambles to the limit on a few prompts' every rollout:
+    # at 64 one run in many, at 128 one in dozens, had half of the 32 cut, the "lengths" verdict's threshold.
+    # What this test is about (few-shot gives spread and a baseline in range) holds either way.
     config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", server.port,
                               rollouts_per_example=4, batch_size=16, micro_batch_size=16, max_tokens=128)
     result = preflight(config, server, "--json", str(tmp_path / "report.json"), prompts=8)
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["verdict"]["name"] == "ready", report["verdict"]
+    assert report["verdict"]["name"] in ("ready", "lengths"), report["verdict"]
+    assert report["verdict"]["name"] == "ready" or report["truncation"]["rollouts_share"] >= 0.5, report
     assert 0.05 <= report["reward"]["mean"] <= THRESHOLDS["ready_high"], report["reward"]
     assert report["groups"]["no_spread_share"] < 1.0 and report["groups"]["mean_std"] > 0
     assert set(report["reward"]["functions"]) >= {"lcs_reward_func"}

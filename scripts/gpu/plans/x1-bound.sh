@@ -1,5 +1,5 @@
 #!/bin/bash
-# One GPU, ~35 minutes of parts in order of need (the last ones are cut where device time ends): the varlen kernel's
+# One GPU, ~40 minutes of parts in order of need (the last ones are cut where device time ends): the varlen kernel's
 # segment bound under compile (packed layouts carry max_seq_len, PackedLayout.bound; before, the row's length:
 # FlashAttention 57% of the per-layer compile's GPU time on a SmolLM2-135M step and 78% in layer graphs, RESULTS ar).
 # Empty inductor and Triton caches per part.
@@ -15,6 +15,8 @@
 #     idle of a 413 ms step; the profile now names the kernels the gaps end at)
 #   6 (~4 min): fixed Qwen2-0.5B LoRA and full in layer graphs ((aq): 105,015 / 122,735)
 #   7 (~5 min): reverse-text at vf-rl's defaults, as (ar) (120.1 s to step 1; 0.428 s steps)
+#   8 (~5 min): reverse-text in reduce-overhead, its one pass no longer padded to the token budget's bucket ((ar):
+#     0.479 s steps, whole-GPU peak 84.9 GiB)
 S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }
@@ -43,4 +45,9 @@ fresh_caches
 name=learning-reverse-text-bound
 timeout 600 python3 benchmarks/learning.py --env reverse-text --device gpu --model /tmp/smol --minutes 2 \
   --sides vf-rl --shared --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1
+fresh_caches
+name=learning-reverse-text-bound-layergraphs
+timeout 600 python3 benchmarks/learning.py --env reverse-text --device gpu --model /tmp/smol --minutes 2 \
+  --sides vf-rl --shared --vf-arg torch_compile=true --vf-arg 'torch_compile_mode="reduce-overhead"' \
+  --json /tmp/e2e/$name.json --plot /tmp/e2e/$name.png --out /tmp/e2e/$name > /tmp/e2e/$name.log 2>&1
 echo "plan done"
