@@ -371,10 +371,11 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
             break
         d = bucket(s + d + 1, 4, per_octave=1) - s  # twice the segments
     q_bounds, k_bounds, key_index, positions, segments = [], [], [], [], list(layout.segments)
-    bounded, q0, k0, left, cap = cap > 0, n, k, extra, cap or pad + extra
-    for j in range(d):  # the first segments as long as the bound lets them, the rest one token
-        length = min(cap, pad - (q0 - n) - (d - 1 - j))
-        more = min(cap - length, left)
+    limit = cap or pad + extra  # without a bound, the first segment takes all
+    q0, k0, left = n, k, extra
+    for j in range(d):  # the first segments as long as the limit lets them, the rest one token
+        length = min(limit, pad - (q0 - n) - (d - 1 - j))
+        more = min(limit - length, left)
         left -= more
         segments.append((q0, q0 + length, k0, k0 + more + length))
         key_index += [q0] * more + list(range(q0, q0 + length))
@@ -389,7 +390,7 @@ def pad_to_buckets(mb: MicroBatch, pad_token_id: int, token_budget: int = 0) -> 
         key_index=torch.cat([layout.key_index, torch.tensor(key_index, dtype=torch.long)]) if shared else None,
         max_q=max([layout.max_q] + [b - a for a, b, _, _ in added]),
         max_k=max([layout.max_k] + [b - a for _, _, a, b in added]), segments=segments,
-        bound=layout.bound if bounded else 0)
+        bound=layout.bound if cap else 0)
     return dataclasses.replace(
         mb, layout=padded, input_ids=torch.cat([mb.input_ids, torch.full((1, pad), pad_token_id, dtype=torch.long)], 1),
         position_ids=torch.cat([mb.position_ids, torch.tensor([positions], dtype=mb.position_ids.dtype)], 1))
