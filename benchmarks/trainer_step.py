@@ -146,12 +146,15 @@ PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
 VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-padded": {"padding_free": False},
                "vf-rl-tokens": {"micro_batch_tokens": "micro x max_seq_len"},
-               "vf-rl-compile": {"torch_compile": True}, "vf-rl-eager": {"torch_compile": False},
+               "vf-rl-compile": {"torch_compile": True, "torch_compile_mode": "default"},
+               "vf-rl-eager": {"torch_compile": False},
                "vf-rl-stack": {"torch_compile": False},
                "vf-rl-stack-cudagraphs": {"torch_compile": False},
                "vf-rl-layer-graphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
                "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
-"""vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
+"""vf-rl: the defaults (on one GPU the compiled layers recorded as CUDA graphs, as vf-rl-layer-graphs, where
+the run allows it; config.defaults.records_layers_by_default). vf-rl-compile: each layer compiled, no graphs.
+vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
 (``vf_rl.trainer.model.compile_stack`` without CUDA graphs) instead of vf-rl's per-layer compile, an
 experiment on a host-bound step's launch cost.
 vf-rl-stack-cudagraphs: that region as inductor's CUDA graphs (``compile_stack`` with mode
@@ -511,7 +514,7 @@ class VfSide:
             self.trainer.args.torch_compile = True  # every micro batch packed, as for a compiled model
             self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region"
                          + (" of CUDA graphs (reduce-overhead)" if graphs else ""))
-        elif self.name == "vf-rl-layer-graphs":
+        elif self.trainer.cuda_graphs and config.torch_compile_mode == "reduce-overhead":
             self.mode = "RLTrainer._train_on_batch, compiled decoder layers recorded as one CUDA graph per padded shape"
         elif self.trainer.cuda_graphs:
             self.mode = ("RLTrainer._train_on_batch, the decoder stack compiled as one region of CUDA graphs "

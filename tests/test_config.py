@@ -756,3 +756,45 @@ def test_a_gpu_server_gets_an_api_server_per_four_cores(tmp_path, monkeypatch):
     assert "api_server_count" not in load_config(path).inference.args
     path.write_text(BASE.replace("gpus = 1", "gpus = 0"))
     assert "api_server_count" not in load_config(path).inference.args
+
+
+def test_one_trainer_gpu_records_its_layers_by_default_where_it_fits(tmp_path, monkeypatch, model_dir):
+    """``torch_compile_mode`` left unset: ``"reduce-overhead"`` (the compiled layers recorded as CUDA
+    graphs) with one trainer GPU, packed micro batches and neither gradient checkpointing nor tiled
+    MLPs, said in the origins; the per-layer compile with two trainer processes, those keys, an
+    explicit mode or no GPU, and where the recording's memory estimate does not fit the GPU."""
+    from vf_rl.config.defaults import resolve_trainer_args
+    from vf_rl.config.schema import load_config
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: an 80 GB GPU is assumed
+    small = edit('"Qwen/Qwen3-4B-Instruct-2507"', json.dumps(str(model_dir)))  # SmolLM2-135M
+
+    def mode(text: str, name: str = "c.toml"):
+        path = tmp_path / name
+        path.write_text(text)
+        config = load_config(path)
+        return config.trainer.args.get("torch_compile_mode"), config._origins.get("trainer.args.torch_compile_mode")
+
+    got, why = mode(small)
+    assert got == "reduce-overhead" and why.startswith("derived: 'reduce-overhead'"), (got, why)
+    two = small.replace("[trainer]\ngpus = 1", "[trainer]\ngpus = 2")
+    assert mode(two)[0] is None
+    for line in ("gradient_checkpointing = true", "tiled_mlp = true", "padding_free = false", "torch_compile = false"):
+        assert mode(small.replace("batch_size = 32", f"batch_size = 32\n{line}"))[0] is None, line
+    assert mode(small.replace("batch_size = 32", 'batch_size = 32\ntorch_compile_mode = "default"')) == (
+        "default", "config")
+    assert mode(small.replace("[trainer]\ngpus = 1", "[trainer]\ngpus = 0").replace(
+        "[inference]\ngpus = 1", "[inference]\ngpus = 0"))[0] is None
+    # an 8B model's LoRA at 4 x 8k tokens per pass: with the recording's second copy of a pass's
+    # activations the estimate does not fit on 80 GB, and the per-layer compile is the default
+    model = tmp_path / "llama-8b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    big = edit('"Qwen/Qwen3-4B-Instruct-2507"', json.dumps(str(model))).replace(
+        "max_seq_len = 512", "max_seq_len = 8192").replace("batch_size = 32", "batch_size = 32\nuse_lora = true")
+    got, why = mode(big, "big.toml")
+    assert got is None and why.startswith("default (recorded layers' memory estimate does not fit"), (got, why)
+    # RLConfig's path derives by the same rule (the trainer processes from WORLD_SIZE there)
+    assert resolve_trainer_args({}, True, 1)["torch_compile_mode"] == "reduce-overhead"
+    assert resolve_trainer_args({}, True, 2).get("torch_compile_mode") is None
+    assert resolve_trainer_args({}, False, 1).get("torch_compile_mode") is None

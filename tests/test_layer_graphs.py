@@ -237,3 +237,40 @@ def test_a_recording_keeps_the_layouts_bound(stand_in):
         assert seen == [bound, bound]
     assert len(graphs.graphs) == len(stand_in["recordings"]) == 2
     assert len(stand_in["replays"]) == 3  # bound 8's second and third passes, bound 0's second
+
+
+def test_a_recording_that_fails_leaves_the_layers_compiled(stand_in, monkeypatch, capsys):
+    """A capture that raises (a layer reading a value on the host, or no memory for the recording's
+    warm-up passes) is reported in one line; the pass and every later one run the layers as they are,
+    with the same results, and nothing is recorded again."""
+    from vf_rl.trainer.packing import PackedLayout
+
+    tries = []
+
+    def failing(callables, sample, pool=None):
+        tries.append(len(sample))
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore lines")
+
+    monkeypatch.setattr(torch.cuda, "make_graphed_callables", failing)
+    torch.manual_seed(0)
+    layers = [_Toy().train() for _ in range(3)]
+    reference = [_Toy().train() for _ in range(3)]
+    for ref, layer in zip(reference, layers):
+        ref.load_state_dict(layer.state_dict())
+    graphs = layer_graphs.LayerGraphs(layers)
+    x = torch.randn(1, 5, 4)
+    for bound in (8, 8, 8, 0, 0):  # two shapes (the bound is in the key), each seen often enough to be recorded
+        layout = PackedLayout(torch.tensor([0, 5]), torch.tensor([0, 5]), None, 5, 5, [(0, 5, 0, 5)], bound)
+        hidden, expected_in = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        out, expected = _toy_pass(layers, hidden, layout), _toy_pass(reference, expected_in, layout)
+        out.sum().backward()
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        torch.testing.assert_close(hidden.grad, expected_in.grad)
+        for ref, layer in zip(reference, layers):
+            torch.testing.assert_close(layer.lin.weight.grad, ref.lin.weight.grad)
+    assert len(tries) == 1 and not graphs.graphs and not stand_in["replays"]
+    assert graphs.failed == "CUDA error: operation not permitted when stream is capturing"
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("layer graphs:")]
+    assert lines == ["layer graphs: recording a row of 5 tokens failed (CUDA error: operation not permitted when "
+                     "stream is capturing); the compiled layers run without CUDA graphs from now on"]

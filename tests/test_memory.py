@@ -115,6 +115,10 @@ PADDED_TO_BUDGET_UNTIL = "2026-11-29 14:30 UTC"
 """Runs dated before this padded a batch that is one pass to the token budget's bucket in the CUDA-graph
 modes, as every other pass (``packing.plan_micro_batches`` now pads it to its own bucket)."""
 
+RECORDED_BY_DEFAULT_SINCE = "2026-11-29 17:00 UTC"
+"""Runs dated before this that left ``torch_compile_mode`` unset compiled each layer without CUDA graphs;
+later ones on one trainer GPU record them (``defaults.records_layers_by_default``)."""
+
 STACK_MODE_UNTIL = "2026-11-29 09:00 UTC"
 """Learning runs dated before this ran the decoder stack's CUDA graphs for ``torch_compile_mode =
 "reduce-overhead"`` (RESULTS ak-ao); later ones record the compiled layers (ap on)."""
@@ -132,6 +136,8 @@ def learning_runs():
             gpus = record["settings"].get("gpus") or [{"memory_total_mib": GPU_80GB_BYTES // 2**20}]
             liger = bool(record["settings"].get("liger_kernel"))  # installed where it ran (recorded since 2026-11-27)
             args = side["settings"]["config"]["trainer"]["args"]
+            if "torch_compile_mode" not in args and record["settings"]["date"] < RECORDED_BY_DEFAULT_SINCE:
+                args["torch_compile_mode"] = "default"  # what an unset mode ran then
             if args.get("torch_compile_mode") == "reduce-overhead" and record["settings"]["date"] < STACK_MODE_UNTIL:
                 args["torch_compile_mode"] = "max-autotune"  # what runs the stack's graphs now
             yield (path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20,
@@ -463,3 +469,21 @@ def test_with_cuda_graphs_the_pass_is_the_padded_row(measured, micro):
     else:
         assert graphs[0] == (max(rows) if measured else bucket(budget + 1, 64)) > budget
     assert pass_tokens({**a, "torch_compile_mode": "max-autotune-no-cudagraphs"}, *lengths) == plain
+
+
+def test_recorded_layers_that_do_not_fit_are_told_to_compile_per_layer(tmp_path, model_dir, monkeypatch):
+    """An explicit ``torch_compile_mode = "reduce-overhead"`` whose estimate does not fit: the hints
+    name the per-layer compile (a recording holds a pass's activations twice), which the estimate
+    without it does not."""
+    from vf_rl.config.schema import load_config
+    from vf_rl.memory import estimate_for_run, fit_report
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: an 80 GB GPU
+    reports = {}
+    for mode in ("reduce-overhead", "default"):
+        config = load_config(write_8b(tmp_path, model_dir, use_lora=True, torch_compile_mode=mode))
+        estimate = estimate_for_run(config)
+        reports[mode] = (estimate.total, *fit_report(config, estimate))
+    (recorded, fits, line), (plain, _, plain_line) = reports["reduce-overhead"], reports["default"]
+    assert not fits and "torch_compile_mode = 'default'" in line.split("does not fit; try ")[1], line
+    assert recorded > plain and "torch_compile_mode" not in plain_line

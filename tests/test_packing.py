@@ -447,6 +447,8 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
         return loss, [p.grad.clone() for p in adapter], CountCopies.copies
 
     loss, grads, copies = step()
+    casting = [m.cast_input_dtype_enabled for m in trainer.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
+    assert casting and all(casting)  # turned off for the step only
     monkeypatch.setattr(trainer_module, "lora_input_casts_off", lambda model, autocast: contextlib.nullcontext())
     loss_cast, grads_cast, copies_cast = step()
     assert float(loss) != 0.0 and torch.equal(loss, loss_cast)

@@ -326,6 +326,9 @@ def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES
         hints.append("activation_offloading = true")
     elif not a.get("tiled_mlp") and estimate.activations > 0.25 * estimate.total:
         hints.append("tiled_mlp = true")
+    if (a.get("torch_compile") and a.get("torch_compile_mode") == "reduce-overhead"
+            and estimate.activations > 0.25 * estimate.total):  # a recording holds a pass's activations twice
+        hints.append("torch_compile_mode = 'default'")
     if estimate.activations + estimate.logits > 0.25 * estimate.total:
         hints.append("a smaller micro_batch_size (or micro_batch_tokens)")
     if vllm:
@@ -366,6 +369,46 @@ def shared_memory_utilization(shape: ModelShape, a: dict, gpu_bytes: int = GPU_8
     in_flight = int(a["batch_size"]) * max(int(a.get("max_off_policy_steps") or 1), 1)
     need = inference_bytes_needed(shape, in_flight * int(a["max_seq_len"])) * SHARED_SPLIT_HEADROOM
     return min(max(math.ceil(100 * need / gpu_bytes) / 100, floor), 0.9)
+
+
+SHARED_GPU_MEMORY_UTILIZATION = 0.3
+"""vLLM's share of the GPU memory with ``[inference] shared = true`` where it cannot be derived from
+the model's sizes (:func:`shared_split`; the trainer takes the rest)."""
+
+
+def shared_split(config, a: dict) -> tuple[float, str]:
+    """``(gpu_memory_utilization, why)`` for vLLM on the GPU it shares with the trainer (``config``: a
+    ``VfRlConfig``, ``a``: its trainer arguments): from the model's sizes and the run's
+    (:func:`shared_memory_utilization`) on :func:`first_visible_gpu` (an 80 GB one when none can be
+    queried), else :data:`SHARED_GPU_MEMORY_UTILIZATION` when the model's config cannot be read or
+    there is no GPU."""
+    if not config.inference.gpus:
+        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true"
+    try:
+        shape = load_shape(config.model)
+    except ValueError:
+        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true (the model's config.json was not readable)"
+    first = first_visible_gpu()
+    gpu = gpu_total_bytes(first)
+    share = shared_memory_utilization(shape, a, gpu or GPU_80GB_BYTES, floor=SHARED_GPU_MEMORY_UTILIZATION)
+    where = f"GPU {first} ({gpu / GIB:.0f} GiB)" if gpu else "an 80 GB GPU"
+    return share, (f"inference.shared = true: the weights and a KV cache for batch_size x max_off_policy_steps x "
+                   f"max_seq_len tokens, of {where}, at least {SHARED_GPU_MEMORY_UTILIZATION}")
+
+
+def first_visible_gpu() -> str:
+    """The first GPU this process may use, as ``nvidia-smi`` numbers it (``CUDA_VISIBLE_DEVICES``, else 0)."""
+    import os
+
+    return (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
+
+
+def recorded_layers_fit(config) -> bool:
+    """Whether a resolved config's trainer estimate (:func:`launch_check` on :func:`first_visible_gpu`,
+    else an 80 GB GPU) fits; for a run whose layers record as CUDA graphs by default, which hold a
+    pass's activations twice while recording. True when the model's config cannot be read."""
+    checked = launch_check(config, first_visible_gpu())
+    return checked is None or checked[0]
 
 
 @functools.lru_cache(maxsize=None)

@@ -57,19 +57,23 @@ class RLConfig(RLArgs, TrainingArguments):
         given |= {f.name: getattr(self, f.name) for f in dataclasses.fields(TrainingArguments)
                   if f.init and f.name not in given}
         has_gpu = torch.cuda.is_available() and not self.use_cpu
-        resolved = resolve_trainer_args(given, has_gpu)
+        # trainer processes as launchers set them (accelerate, torchrun); checked again once known below
+        resolved = resolve_trainer_args(given, has_gpu, int(os.environ.get("WORLD_SIZE") or 1))
         check_trainer_args(resolved, 1, has_gpu)  # before TrainingArguments' own checks, so the messages agree
         self.origins = {key: origin(key, resolved[key], resolved[key] != f.default and not (
             key in DERIVED_FROM and given.get(key) is None), "set") for key, f in rl_fields().items()}
         """Where each of vf-rl's keys came from (``resolved.toml`` of a Python run says it)."""
         for key in rl_fields():
             setattr(self, key, resolved[key])
+        self.torch_compile_mode = resolved["torch_compile_mode"]  # TrainingArguments' key, derived with the rest
         if self.lora_target_modules is None:
             self.lora_target_modules = list(DEFAULT_LORA_TARGETS)
         self.gradient_accumulation_steps = 1
         self.per_device_train_batch_size = self.micro_batch_size
         super().__post_init__()
         if self.world_size > 1:  # known only now
+            if self.torch_compile_mode == "reduce-overhead" and given.get("torch_compile_mode") is None:
+                self.torch_compile_mode = resolved["torch_compile_mode"] = None  # derived for one process
             check_trainer_args(resolved, self.world_size, has_gpu)
 
     def server_urls(self) -> list[str]:

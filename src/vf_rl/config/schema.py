@@ -156,34 +156,8 @@ def _first_error(errors: list[dict], data: dict) -> dict:
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-SHARED_GPU_MEMORY_UTILIZATION = 0.3
-"""vLLM's share of the GPU memory with ``[inference] shared = true`` where it cannot be derived from
-the model's sizes (:func:`shared_split`; the trainer takes the rest)."""
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's choices of ``max_lora_rank``."""
-
-
-def shared_split(config: "VfRlConfig", a: dict[str, Any]) -> tuple[float, str]:
-    """``(gpu_memory_utilization, why)`` for vLLM on the GPU it shares with the trainer: from the
-    model's sizes and the run's (``memory.shared_memory_utilization``) on the first visible GPU
-    (``CUDA_VISIBLE_DEVICES``, else GPU 0; an 80 GB one when none can be queried), else
-    :data:`SHARED_GPU_MEMORY_UTILIZATION` when the model's config cannot be read or there is no GPU."""
-    import os
-
-    from vf_rl.memory import GIB, GPU_80GB_BYTES, gpu_total_bytes, load_shape, shared_memory_utilization
-
-    if not config.inference.gpus:
-        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true"
-    try:
-        shape = load_shape(config.model)
-    except ValueError:
-        return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true (the model's config.json was not readable)"
-    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
-    gpu = gpu_total_bytes(first)
-    share = shared_memory_utilization(shape, a, gpu or GPU_80GB_BYTES, floor=SHARED_GPU_MEMORY_UTILIZATION)
-    where = f"GPU {first} ({gpu / GIB:.0f} GiB)" if gpu else "an 80 GB GPU"
-    return share, (f"inference.shared = true: the weights and a KV cache for batch_size x max_off_policy_steps x "
-                   f"max_seq_len tokens, of {where}, at least {SHARED_GPU_MEMORY_UTILIZATION}")
 
 
 def trainer_values(config: "VfRlConfig") -> dict[str, Any]:
@@ -208,7 +182,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     ``trainer.args``: RLArgs' defaults, overridden by the file, derived defaults filled in
     (``defaults.resolve_trainer_args``). ``inference.args``: the file's flags plus those derived: ``max_model_len``
     (``max_seq_len``: one sequence-length truth), ``host`` and ``port`` (``vllm_server_host``/``port``),
-    ``gpu_memory_utilization`` (when shared: :func:`shared_split`), the LoRA flags (``weight_sync = "lora"``),
+    ``gpu_memory_utilization`` (when shared: ``memory.shared_split``), the LoRA flags (``weight_sync = "lora"``),
     ``api_server_count`` (a GPU server without LoRA adapters: ``vllm_flags.api_servers``), ``data_parallel_size``
     (several inference GPUs), tool calling (``tools.tool_flags``: on when the model's chat template has a known
     tool-call format). ``origins`` says where each value came from.
@@ -216,9 +190,11 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     Raises:
         ConfigError: an older key name refused, or a weight-sync choice the layout cannot use.
     """
+    from vf_rl.memory import recorded_layers_fit, shared_split
+
     given = rename_older_names(config.trainer.args, "trainer.args.")
     has_gpu = config.trainer.gpus > 0
-    a = resolve_trainer_args(given, has_gpu)
+    a = resolve_trainer_args(given, has_gpu, config.trainer.processes)
     origins = {f"trainer.args.{k}": origin(k, v, k in given) for k, v in a.items()}
     try:
         sync = choose_weight_sync(a["weight_sync"], *layout_devices(config, a))
@@ -247,12 +223,20 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
         inference.setdefault(key, value)
     for key in config.inference.args:
         origins.setdefault(f"inference.args.{key}", "config")
-    resolved = config.model_copy(update={
-        "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}}),
-        "inference": config.inference.model_copy(update={"args": inference}),
-        "resolved": ResolvedSection(source=str(source))})
+    def build(a: dict[str, Any]) -> "VfRlConfig":
+        return config.model_copy(update={
+            "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}}),
+            "inference": config.inference.model_copy(update={"args": inference}),
+            "resolved": ResolvedSection(source=str(source))})
+
+    resolved = build(a)
+    if origins.get("trainer.args.torch_compile_mode", "").startswith("derived") and not recorded_layers_fit(resolved):
+        a["torch_compile_mode"] = None  # the per-layer compile, which holds a pass's activations once
+        origins["trainer.args.torch_compile_mode"] = "default (recorded layers' memory estimate does not fit the GPU)"
+        resolved = build(a)
     resolved._origins = origins
     return resolved
+
 
 
 def validate_trainer_args(config: "VfRlConfig") -> None:

@@ -22,7 +22,8 @@ in order, then the backwards in reverse, into one memory pool that every shape s
 micro batch's backward ends before the next forward), and replays; layer 0's call then returns
 the last layer's output, and the later layers' calls hand it on. Anything else (no-grad passes,
 eval, recomputes inside a backward, the CPU, padded batches, models whose loop the check refuses)
-runs the compiled layers.
+runs the compiled layers, as does every pass after a recording that failed (a layer that a capture
+cannot hold: one that reads a value on the host).
 Rows should come in a few shapes: the trainer pads micro batches to bucket sizes
 (``packing.pad_to_buckets``) as it does for the stack's graphs.
 
@@ -127,6 +128,7 @@ class LayerGraphs:
         seen: key -> whether the layers return 1-tuples, for each shape whose first pass ran every
             layer as one graph can stand for (module docstring).
         record_s: seconds spent recording (warm-up iterations and capture), all shapes.
+        failed: why a recording failed (its error's first line), else None; after one, none is tried.
 
     Raises:
         RuntimeError: (from a layer's call) a replayed pass whose next layer is called on other hidden
@@ -139,6 +141,7 @@ class LayerGraphs:
         self.graphs: dict[Hashable, tuple[Callable, bool, bool]] = {}
         self.seen: dict[Hashable, bool] = {}
         self.record_s = 0.0
+        self.failed: str | None = None  # why a recording failed: none is tried again, the compiled layers run
         self.pool = None  # one memory pool for every shape's graphs, made at the first recording
         self._trace: list | None = None  # a first pass: [key, next layer, its input, 1-tuples, layer 0's other tensors]
         self._through: tuple | None = None  # a replayed pass: (next layer, the graph's output, what to return)
@@ -167,7 +170,7 @@ class LayerGraphs:
         tensors, form, key = split
         if index == 0:
             recorded = self.graphs.get(key)
-            if recorded is None and key in self.seen and len(self.graphs) < self.max_shapes:
+            if recorded is None and key in self.seen and len(self.graphs) < self.max_shapes and not self.failed:
                 recorded = self._record(key, tensors, form)
             if recorded is not None and recorded[1] == hidden.requires_grad:
                 graphed, _, one_tuple = recorded
@@ -207,7 +210,10 @@ class LayerGraphs:
         self._through = None if index == len(self.layers) - 1 else (index + 1, out, ret)
         return ret
 
-    def _record(self, key: Hashable, tensors: list[torch.Tensor], form: tuple) -> tuple[Callable, bool, bool]:
+    def _record(self, key: Hashable, tensors: list[torch.Tensor], form: tuple) -> tuple[Callable, bool, bool] | None:
+        """Record a shape's graphs; None when recording fails (a layer that reads a value on the host
+        or synchronizes, which a capture cannot hold, e.g. a mixture-of-experts router's token counts):
+        ``failed`` says why, and the layers run compiled from then on."""
         start = time.perf_counter()
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
@@ -220,6 +226,11 @@ class LayerGraphs:
             torch.set_autocast_cache_enabled(False)
         try:
             graphed = torch.cuda.make_graphed_callables(stack, sample, pool=self.pool)
+        except RuntimeError as exc:
+            self.failed = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            print(f"layer graphs: recording a row of {tensors[0].shape[1]} tokens failed ({self.failed}); the "
+                  "compiled layers run without CUDA graphs from now on", flush=True)
+            return None
         finally:
             torch.set_autocast_cache_enabled(cache)
         torch.cuda.synchronize()

@@ -322,9 +322,8 @@ class RLTrainer(CheckpointingTrainer):
         """Forward, loss and backward over this process's micro batches of ``batch``.
 
         Returns:
-            ``(loss, stats)``: the summed loss (detached, 0-d) and the step statistics: the
-            loss function's (see ``loss.py`` for the convention), ``tokens/loss`` and
-            ``tokens/trained`` (tokens forwarded: no padding, a shared prompt once).
+            ``(loss, stats)``: the summed loss (detached, 0-d) and the step statistics: the loss function's
+            (``loss.py`` says the convention), ``tokens/loss``, ``tokens/trained`` (forwarded: no padding, a shared prompt once).
         """
         a = self.args
         loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
