@@ -4,7 +4,8 @@
 # Llama-1.2B LoRA's 1.3x over TRL repeated, and where Llama-1.2B full weights' step goes. Empty caches per part.
 #   1 (~5 min): reverse-text at vf-rl's defaults, vLLM on the same GPU ((as): per-layer default 0.418 s steps,
 #     53.9 GiB; explicit reduce-overhead 0.385 s, 61.5 GiB, 113.1 s to step 1)
-#   2 (~2 min): (as)'s small step at the defaults (the LoRA casts' module walk now once per model; (as) 0.095 s)
+#   2 (~2 min): (as)'s small step at the defaults (the LoRA casts' module walk now once per model; (as) 0.095 s),
+#     with cProfile too: which Python the GPU waits on (48.7 ms idle of a 104 ms step in (as))
 #   3 (~10 min): fixed Llama-1.2B LoRA, vf-rl's defaults then trl-compile-liger, twice, back to back ((as): 79,150
 #     against 59,537, 1.33x; (aq)'s TRL ran 65,165): the spread of both sides
 #   4 (~2 min): fixed Llama-1.2B full at the defaults, profiled, with its trace ((as): 72,304 tokens/s, 54% MFU,
@@ -20,7 +21,8 @@ timeout 600 python3 benchmarks/learning.py --env reverse-text --device gpu --mod
 fresh_caches
 timeout 420 python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora --lora-rank 8 \
   --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
-  --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides vf-rl --profile --trace /tmp/e2e/trace-small-defaults.json.gz \
+  --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides vf-rl --profile --pyprofile \
+  --trace /tmp/e2e/trace-small-defaults.json.gz \
   --json /tmp/e2e/small-step-defaults-smollm2-vf-rl.json > /tmp/e2e/small-step-defaults-smollm2-vf-rl.log 2>&1
 for round in 1 2; do
   for side in vf-rl trl-compile-liger; do
