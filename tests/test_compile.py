@@ -247,7 +247,7 @@ def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(mode
                            torch_compile_backend="aot_eager", torch_compile_mode=mode)
         weights = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         rng = torch.get_rng_state()
-        assert warm_up(trainer) is not None
+        assert warm_up(trainer) is not None and warm_up(trainer) is None  # once per trainer
         compiled = counters["stats"]["unique_graphs"]
         assert compiled > 0 and trainer.cuda_graphs == (mode is not None)
         assert torch.equal(torch.get_rng_state(), rng)
@@ -433,3 +433,48 @@ def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mod
         assert stats[key] == pytest.approx(stats_ref[key], rel=1e-4, abs=1e-6), key
     flat, flat_ref = (torch.cat([g[n].flatten() for n in sorted(g)]) for g in (grads, grads_ref))
     assert float((flat - flat_ref).norm() / flat_ref.norm()) < 1e-4
+
+
+def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
+    """``[inference] shared``: the warm-up's compile starts once the memory other processes hold on
+    the trainer's GPU (total - free - this process's reserved) reaches 90% of vLLM's share, not when
+    its server answers; a server that answers first, an unknown share or a CPU trainer: False (the
+    compile runs after the server is up); no sign and no answer in time: the server wait's TimeoutError.
+    The GPU's memory readings are stand-ins (no GPU here)."""
+    from types import SimpleNamespace
+
+    from vf_rl.trainer import warmup
+
+    total, gib = 80 * 2**30, 2**30
+    readings = []  # GiB other processes hold, one per poll
+
+    def mem_get_info(device):
+        used = readings.pop(0) if len(readings) > 1 else readings[0]
+        return total - (used + 6) * gib, total  # this process's 6 GiB reserved on top
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 6 * gib)
+    healthy = {"now": False}
+
+    class Server:
+        def is_healthy(self):
+            return healthy["now"]
+
+        def wait_until_ready(self, timeout):
+            raise TimeoutError("vf-vllm at http://x not ready after 0 s")
+
+    def trainer(share, device="cuda", timeout=60.0):
+        return SimpleNamespace(server_shares_gpu=share, servers=[Server()], is_world_process_zero=lambda: True,
+                               args=SimpleNamespace(device=torch.device(device), vllm_server_timeout=timeout))
+
+    readings[:] = [1, 3, 20, 21.5, 22]  # weights, profiling, then the KV cache: 0.3 x 80 x 0.9 = 21.6 GiB
+    assert warmup.server_memory_taken(trainer(0.3), poll_s=0.0) is True and readings == [22]
+    assert "vf-vllm holds 22.0 GiB of this GPU" in capsys.readouterr().out
+    readings[:] = [21.5]  # stays just under: the server answering first ends the wait
+    healthy["now"] = True
+    assert warmup.server_memory_taken(trainer(0.3), poll_s=0.0) is False
+    assert warmup.server_memory_taken(trainer(True), poll_s=0.0) is False
+    assert warmup.server_memory_taken(trainer(0.3, device="cpu"), poll_s=0.0) is False
+    healthy["now"] = False
+    with pytest.raises(TimeoutError, match="not ready after"):
+        warmup.server_memory_taken(trainer(0.3, timeout=0.0), poll_s=0.0)

@@ -3,7 +3,9 @@
 # as CUDA graphs on one trainer GPU (config/defaults.py records_layers_by_default, RESULTS as) as a user runs it,
 # Llama-1.2B LoRA's 1.3x over TRL repeated, and where Llama-1.2B full weights' step goes. Empty caches per part.
 #   1 (~5 min): reverse-text at vf-rl's defaults, vLLM on the same GPU ((as): per-layer default 0.418 s steps,
-#     53.9 GiB; explicit reduce-overhead 0.385 s, 61.5 GiB, 113.1 s to step 1)
+#     53.9 GiB; explicit reduce-overhead 0.385 s, 61.5 GiB, 113.1 s to step 1); the compile now starts once vLLM
+#     holds its share of the GPU (its log: "vf-vllm holds N GiB of this GPU after S s"), not at /health: launch to
+#     step 1 against (ar)'s 120.1 s and TRL-liger's 124.7 s; vLLM's capture and warm-up must be unharmed
 #   2 (~2 min): (as)'s small step at the defaults (the LoRA casts' module walk now once per model; (as) 0.095 s),
 #     with cProfile too: which Python the GPU waits on (48.7 ms idle of a 104 ms step in (as))
 #   3 (~10 min): fixed Llama-1.2B LoRA, vf-rl's defaults then trl-compile-liger, twice, back to back ((as): 79,150

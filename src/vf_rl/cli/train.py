@@ -69,7 +69,8 @@ def _main(argv: list[str] | None) -> int:
     from vf_rl.inference.supervision import ServerExited
 
     print(f"Loading model {config.model} (config: {config_path})...", flush=True)
-    trainer = RLTrainer(model=config.model, env=env, args=args, server_shares_gpu=config.inference.shared)
+    share = config.inference.shared and float(config.inference.args.get("gpu_memory_utilization", 0.9))
+    trainer = RLTrainer(model=config.model, env=env, args=args, server_shares_gpu=share)
     from vf_rl.preflight import PreflightRefused
 
     try:

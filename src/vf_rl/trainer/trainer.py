@@ -50,7 +50,7 @@ from .orchestrator_process import begin_orchestrator, orchestrator_options, star
 from .packing import plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
 from .tiling import tile_mlps
-from .warmup import warm_up
+from .warmup import server_memory_taken, warm_up
 from .weight_sync import LORA_NAME, make_weight_sync
 from .weights import gathered_weights
 
@@ -65,7 +65,8 @@ class RLTrainer(CheckpointingTrainer):
         processing_class: the tokenizer (loaded from ``model`` if omitted).
         loss_fn: the policy loss (``loss.py``); default the one ``args.loss_type`` names.
         advantage_fn: rewards to advantages (``advantage.py``); default ``args.advantage_type``'s.
-        server_shares_gpu: vLLM starts on this GPU too (``[inference] shared``): compile after it (warmup.py).
+        server_shares_gpu: vLLM starts on this GPU too (``[inference] shared``), with this share of it (its
+            ``gpu_memory_utilization``; True: not known): compile once it holds that, else once it is up (warmup.py).
 
     The inference server (vf-vllm) must serve the same base model at
     ``args.vllm_server_host:vllm_server_port``; ``train()`` waits for it up to
@@ -156,7 +157,7 @@ class RLTrainer(CheckpointingTrainer):
             if a.orchestrator_process:  # its imports and the environment's rebuild, while the server starts
                 begun = begin_orchestrator(self.env, self._rows, **orchestrator_options(a, self.servers, self.advantage_fn))
         try:
-            if a.torch_compile and not self.server_shares_gpu:  # compile while the server starts (warmup.py)
+            if a.torch_compile and (not self.server_shares_gpu or server_memory_taken(self)):  # as it starts (warmup.py)
                 warm_up(self)
             if self.is_world_process_zero():
                 print(f"Waiting for vf-vllm at {', '.join(c.base_url for c in self.servers)} ...", flush=True)
@@ -173,7 +174,7 @@ class RLTrainer(CheckpointingTrainer):
             print(f"vf-vllm ready: the trainer process ran {up_s:.1f} s before it asked, then waited "
                   f"{self._started - asked:.1f} s", flush=True)
             self._start_inference_side(begun)
-        if a.torch_compile and self.server_shares_gpu:  # after vLLM measured its memory, while batch 1 generates
+        if a.torch_compile and self.server_shares_gpu:  # after vLLM measured its memory (unless done), while batch 1 generates
             warm_up(self)
         try:
             return super().train(resume_from_checkpoint=resume_from_checkpoint or None, **kwargs)

@@ -4,9 +4,11 @@ With ``torch_compile`` the decoder layers (or the stack, as CUDA graphs) compile
 forward and backward, with a packed row's sizes dynamic (``model.py``; any other size that
 changes turns dynamic at a second compile, dynamo's automatic dynamic shapes).
 ``RLTrainer.train`` runs that on small synthetic batches before the first step: while vf-vllm
-starts when the trainer has GPUs of its own, else (one GPU for both) once vLLM is up, while the
-first batch generates (vLLM sizes its KV cache from the GPU's used memory as it starts, other
-processes' allocations counted as its own: ``vllm/utils/mem_utils.py``). Step 1 then trains at once instead of
+starts when the trainer has GPUs of its own, else (one GPU for both) once vLLM holds its share of
+the GPU (:func:`server_memory_taken`: vLLM sizes its KV cache from the GPU's used memory as it
+starts, other processes' allocations counted as its own, ``vllm/utils/mem_utils.py``; its graph
+capture and warm-up after that allocation took ~25 s on an H200, benchmarks/RESULTS.md, ar), or
+once it is up where that cannot be seen, while the first batch generates. Step 1 then trains at once instead of
 compiling after its rollouts arrive (on an H200, 21 + 19 s per-layer, 111 + 187 s as CUDA
 graphs for SmolLM2-135M over the first steps; benchmarks/RESULTS.md, al).
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 import time
 
 import torch
+
+from vf_rl.inference.supervision import check_server_alive
 
 from .batching import Sample, prompt_ids
 from .orchestrator import Batch
@@ -57,14 +61,56 @@ def synthetic_batch(rows: list[dict], tokenizer, max_seq_len: int, max_tokens: i
     return Batch(step=0, samples=samples, rollouts=[], metrics={})
 
 
-def warm_up(trainer) -> float | None:
-    """``trainer._train_on_batch`` on each :data:`SHAPES` batch (:func:`synthetic_batch`), then
-    every gradient set to ``None`` and torch's RNG (CPU and the trainer's GPU) as before. A
-    failure is printed as one line and leaves the compile to the first step.
+SHARE_REACHED = 0.9
+"""vLLM holds its share once the GPU memory other processes use reaches this much of it (its KV cache,
+the bulk of the share, allocated; the weights and the profiling pass before it stay below)."""
+
+
+def server_memory_taken(trainer, poll_s: float = 0.5) -> bool:
+    """``[inference] shared``: wait until the memory the trainer's GPU gives other processes (its
+    total less the free and what this process's allocator reserves) reaches :data:`SHARE_REACHED` of
+    vLLM's ``gpu_memory_utilization`` share (``trainer.server_shares_gpu``, a float; ``True``: not
+    known), so that compiling now cannot shrink vLLM's KV cache.
 
     Returns:
-        the seconds it took (compiling included), or ``None`` when it failed.
+        True when it did; False when the share is not known, the trainer is not on a GPU, or a
+        server answers first (compile after it, as without the signal).
+    Raises:
+        TimeoutError, ServerExited: as ``InferenceClient.wait_until_ready`` after
+            ``vllm_server_timeout`` seconds, or when the server ``vf-rl`` launched exited.
     """
+    share, device = trainer.server_shares_gpu, trainer.args.device
+    if share is True or not share or device.type != "cuda":
+        return False
+    start = time.perf_counter()
+    while True:
+        free, total = torch.cuda.mem_get_info(device)
+        others = total - free - torch.cuda.memory_reserved(device)
+        if others >= SHARE_REACHED * share * total:
+            if trainer.is_world_process_zero():
+                print(f"vf-vllm holds {others / 2**30:.1f} GiB of this GPU after {time.perf_counter() - start:.1f} s: "
+                      "compiling while it finishes starting", flush=True)
+            return True
+        if any(server.is_healthy() for server in trainer.servers):
+            return False
+        if time.perf_counter() - start > trainer.args.vllm_server_timeout:
+            trainer.servers[0].wait_until_ready(0)  # raises its TimeoutError (or ServerExited)
+        check_server_alive()
+        time.sleep(poll_s)
+
+
+def warm_up(trainer) -> float | None:
+    """``trainer._train_on_batch`` on each :data:`SHAPES` batch (:func:`synthetic_batch`), then
+    every gradient set to ``None`` and torch's RNG (CPU and the trainer's GPU) as before, once per
+    trainer (a later call returns None at once). A failure is printed as one line and leaves the
+    compile to the first step.
+
+    Returns:
+        the seconds it took (compiling included), or ``None`` when it failed or had run.
+    """
+    if getattr(trainer, "_warmed_up", False):
+        return None
+    trainer._warmed_up = True
     a, model = trainer.args, trainer.model
     rows = trainer._rows or trainer._eval_rows
     batches = [synthetic_batch(rows, trainer.processing_class, a.max_seq_len, a.max_tokens, a.rollouts_per_example,
