@@ -796,5 +796,7 @@ def test_one_trainer_gpu_records_its_layers_by_default_where_it_fits(tmp_path, m
     assert got is None and why.startswith("default (recorded layers' memory estimate does not fit"), (got, why)
     # RLConfig's path derives by the same rule (the trainer processes from WORLD_SIZE there)
     assert resolve_trainer_args({}, True, 1)["torch_compile_mode"] == "reduce-overhead"
+    assert resolve_trainer_args({"torch_compile_backend": "inductor"}, True, 1)["torch_compile_mode"] == "reduce-overhead"
+    assert resolve_trainer_args({"torch_compile_backend": "aot_eager"}, True, 1).get("torch_compile_mode") is None
     assert resolve_trainer_args({}, True, 2).get("torch_compile_mode") is None
     assert resolve_trainer_args({}, False, 1).get("torch_compile_mode") is None
