@@ -223,6 +223,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
         inference.setdefault(key, value)
     for key in config.inference.args:
         origins.setdefault(f"inference.args.{key}", "config")
+
     def build(a: dict[str, Any]) -> "VfRlConfig":
         return config.model_copy(update={
             "trainer": config.trainer.model_copy(update={"args": {k: v for k, v in a.items() if v is not None}}),
@@ -236,7 +237,6 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
         resolved = build(a)
     resolved._origins = origins
     return resolved
-
 
 
 def validate_trainer_args(config: "VfRlConfig") -> None:
