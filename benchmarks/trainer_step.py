@@ -116,6 +116,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerF
 
 from vf_rl.trainer.batching import Sample  # noqa: E402
 
+STARTED = time.perf_counter()
+"""When the module loaded: the progress lines say how far into the run each side starts."""
+
 # Shapes of the real models (random weights; nothing is downloaded).
 MODEL_CONFIGS = {
     "qwen2-0.5b": dict(arch="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
@@ -240,6 +243,10 @@ def parse_args(argv=None):
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="clipping, as Trainer does (0: off)")
     p.add_argument("--logprob-noise", type=float, default=0.05,
                    help="std of the noise added to the model's log-probs to make the sampling log-probs")
+    p.add_argument("--uniform-sampling-logprobs", action="store_true",
+                   help="sampling log-probs = -log(vocab) + noise (a random-weight model's next-token distribution is "
+                        "near uniform, so importance ratios stay near 1) instead of a no-grad forward of every "
+                        "sequence: at 384k tokens that pass costs about a quarter of the step")
     p.add_argument("--sides", default="vf-rl,trl",
                    help=f"comma list, run in this order: {', '.join(VF_VARIANTS)}, and TRL sides "
                    "trl[-compile][-liger] (GRPOConfig torch_compile / use_liger_kernel), unsloth (through "
@@ -374,7 +381,8 @@ def sequence_logprobs(model, ids: torch.Tensor, prompt_len: int, rows: int = 409
 def make_batch(model, args, device) -> dict:
     """Random ids (a group's rollouts share the prompt's ids), advantages ~ N(0, 1), sampling
     log-probs = the model's log-probs of the completion tokens + N(0, logprob_noise) (so
-    importance ratios are near 1, as in real runs).
+    importance ratios are near 1, as in real runs; with ``--uniform-sampling-logprobs``
+    ``-log(vocab)`` + the noise, no forward pass).
 
     Returns ``{"ids": [B] long tensors, "prompt_lens", "groups", "advantages" [B],
     "sampling_lps": [B] float32 tensors of the completion tokens}``.
@@ -394,7 +402,10 @@ def make_batch(model, args, device) -> dict:
     model.eval()
     lps = []
     for seq, P in zip(ids, prompt_lens):
-        lp = sequence_logprobs(model, seq[None].to(device), P).cpu()
+        if args.uniform_sampling_logprobs:
+            lp = torch.full((len(seq) - P,), -math.log(vocab))
+        else:
+            lp = sequence_logprobs(model, seq[None].to(device), P).cpu()
         lps.append(lp + torch.randn(lp.shape[0], generator=g) * args.logprob_noise)
     return {"ids": ids, "prompt_lens": prompt_lens, "groups": groups, "advantages": advantages, "sampling_lps": lps}
 
@@ -714,6 +725,7 @@ class Opened:
         elapsed = time.perf_counter() - start
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.t0 - self.check_s
+        print(f"[{self.name}] {'timed' if timed else 'warm-up'} step: {elapsed:.1f} s", flush=True)
         if self.device.type == "cuda":
             peak = self.held + torch.cuda.max_memory_allocated(self.device) - before
             self.peak = peak if self.peak is None else max(self.peak, peak)
@@ -780,7 +792,8 @@ def run_sides(master, tokenizer, batch, args, device, out_dir) -> tuple[dict, di
     check = not args.no_grad_check and len(args.sides) >= 2
     opened, ref_grads, results = [], None, {}
     for i, name in enumerate(args.sides):
-        print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps"
+        print(f"[{name}] building and running {args.warmup} warmup + {args.steps} timed steps, "
+              f"{time.perf_counter() - STARTED:.0f} s after the start"
               + (" (interleaved)" if args.interleave else "") + " ...", flush=True)
         if args.interleave:  # warmed up once all are built: a later side's global patch (liger's RoPE) then
             side = Opened(name, master, tokenizer, batch, args, device, out_dir,  # recompiles a compiled side
@@ -1000,9 +1013,6 @@ def main(argv=None):
     if device.type == "cuda":
         device_name = torch.cuda.get_device_name(device)
         if args.gpu_gib:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(args.gpu_gib * 2**30 / total, 1.0),
-                                                      torch.cuda.current_device())  # needs an index
             device_name += f" (memory capped at {args.gpu_gib:g} GiB)"
     else:
         device_name = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
@@ -1021,6 +1031,10 @@ def main(argv=None):
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
+        if args.gpu_gib:  # the cap holds the sides' steps, not the harness's own sampling pass above
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(args.gpu_gib * 2**30 / total, 1.0),
+                                                      torch.cuda.current_device())  # needs an index
     setup_s = time.perf_counter() - t0
     tokenizer = build_tokenizer()
 
