@@ -8,6 +8,8 @@
 #     step 1 against (ar)'s 120.1 s and TRL-liger's 124.7 s; vLLM's capture and warm-up must be unharmed
 #   2 (~2 min): (as)'s small step at the defaults (the LoRA casts' module walk now once per model; (as) 0.095 s),
 #     with cProfile too: which Python the GPU waits on (48.7 ms idle of a 104 ms step in (as))
+#   2b (~1 min): benchmarks/gemm_ceiling.py on the fixed Llama-1.2B step, full and LoRA: its matmuls and attention
+#     timed alone, the tokens/s no schedule of them can beat (1.3x over TRL's 61,809 asks 80,352 on full weights)
 #   3 (~10 min): fixed Llama-1.2B LoRA, vf-rl's defaults then trl-compile-liger, twice, back to back ((as): 79,150
 #     against 59,537, 1.33x; (aq)'s TRL ran 65,165): the spread of both sides
 #   4 (~2 min): fixed Llama-1.2B full at the defaults, profiled, with its trace ((as): 72,304 tokens/s, 54% MFU,
@@ -26,6 +28,11 @@ timeout 420 python3 benchmarks/trainer_step.py --mode realistic --model-config s
   --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides vf-rl --profile --pyprofile \
   --trace /tmp/e2e/trace-small-defaults.json.gz \
   --json /tmp/e2e/small-step-defaults-smollm2-vf-rl.json > /tmp/e2e/small-step-defaults-smollm2-vf-rl.log 2>&1
+for kind in full lora; do  # part 2b (~1 min): the fixed Llama-1.2B step's matmuls alone, a ceiling on its tokens/s
+  flag=""; [ $kind = lora ] && flag=--lora
+  timeout 150 python3 benchmarks/gemm_ceiling.py --model-config llama-1b $flag \
+    --json /tmp/e2e/gemm-ceiling-llama-1b-$kind.json > /tmp/e2e/gemm-ceiling-llama-1b-$kind.log 2>&1
+done
 for round in 1 2; do
   for side in vf-rl trl-compile-liger; do
     fresh_caches
