@@ -296,3 +296,31 @@ def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path, tr
     assert result.returncode == 0, result.stderr[-2000:]
     assert "trainer memory per GPU (estimate): " in result.stdout  # the estimate ran (the model's shape read)
     assert result.stdout.strip().splitlines()[-1] == "imported 0 False False"
+
+
+def test_the_trainers_gpu_and_its_memory_come_from_nvidia_smi(tmp_path, monkeypatch):
+    """vf_rl.gpus: the visible GPUs (CUDA_VISIBLE_DEVICES, else nvidia-smi -L), the trainer's among them
+    (after inference's, or inference's first when shared) and that GPU's memory, as the launch's memory
+    check and the recorded layers' default read them; nvidia-smi is a stand-in (no GPU here)."""
+    from vf_rl import gpus
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in\n-L) printf 'GPU 0: A\\nGPU 1: B\\nGPU 2: C\\n' ;;\n"
+                    "*'-i 2 '*) echo 143771 ;;\n*) echo 81559 ;;\nesac\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    gpus.gpu_total_bytes.cache_clear()
+    config = load_config(write(tmp_path, MINIMAL.format(inf=2, train=1, extra="")))
+    assert gpus.visible_gpus() == ["0", "1", "2"]
+    assert gpus.trainer_gpu_of(config, gpus.visible_gpus()) == "2"
+    assert gpus.gpu_total_bytes("2") == 143771 * 2**20 and gpus.gpu_total_bytes("0") == 81559 * 2**20
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5, 7")
+    assert gpus.visible_gpus() == ["5", "7"] and gpus.trainer_gpu_of(config, gpus.visible_gpus()) is None
+    shared = load_config(write(tmp_path, SHARED.format(inference_args="", train=1, trainer_args=""), "s.toml"))
+    assert gpus.trainer_gpu_of(shared, gpus.visible_gpus()) == "5"
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    gpus.gpu_total_bytes.cache_clear()
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert gpus.visible_gpus() is None and gpus.gpu_total_bytes("0") is None
+    gpus.gpu_total_bytes.cache_clear()

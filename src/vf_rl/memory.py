@@ -50,10 +50,11 @@ added when comparing with a GPU's memory).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from vf_rl.gpus import gpu_total_bytes, trainer_gpu_of, visible_gpus
 
 GIB = 2**30
 GPU_80GB_BYTES = 85_520_809_984
@@ -379,7 +380,7 @@ the model's sizes (:func:`shared_split`; the trainer takes the rest)."""
 def shared_split(config, a: dict) -> tuple[float, str]:
     """``(gpu_memory_utilization, why)`` for vLLM on the GPU it shares with the trainer (``config``: a
     ``VfRlConfig``, ``a``: its trainer arguments): from the model's sizes and the run's
-    (:func:`shared_memory_utilization`) on :func:`first_visible_gpu` (an 80 GB one when none can be
+    (:func:`shared_memory_utilization`) on the GPU they share (an 80 GB one when none can be
     queried), else :data:`SHARED_GPU_MEMORY_UTILIZATION` when the model's config cannot be read or
     there is no GPU."""
     if not config.inference.gpus:
@@ -388,7 +389,7 @@ def shared_split(config, a: dict) -> tuple[float, str]:
         shape = load_shape(config.model)
     except ValueError:
         return SHARED_GPU_MEMORY_UTILIZATION, "inference.shared = true (the model's config.json was not readable)"
-    first = first_visible_gpu()
+    first = trainer_gpu_of(config, visible_gpus()) or "0"
     gpu = gpu_total_bytes(first)
     share = shared_memory_utilization(shape, a, gpu or GPU_80GB_BYTES, floor=SHARED_GPU_MEMORY_UTILIZATION)
     where = f"GPU {first} ({gpu / GIB:.0f} GiB)" if gpu else "an 80 GB GPU"
@@ -396,33 +397,12 @@ def shared_split(config, a: dict) -> tuple[float, str]:
                    f"max_seq_len tokens, of {where}, at least {SHARED_GPU_MEMORY_UTILIZATION}")
 
 
-def first_visible_gpu() -> str:
-    """The first GPU this process may use, as ``nvidia-smi`` numbers it (``CUDA_VISIBLE_DEVICES``, else 0)."""
-    import os
-
-    return (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
-
-
 def recorded_layers_fit(config) -> bool:
-    """Whether a resolved config's trainer estimate (:func:`launch_check` on :func:`first_visible_gpu`,
-    else an 80 GB GPU) fits; for a run whose layers record as CUDA graphs by default, which hold a
-    pass's activations twice while recording. True when the model's config cannot be read."""
-    checked = launch_check(config, first_visible_gpu())
+    """Whether a resolved config's trainer estimate (:func:`launch_check` on :func:`trainer_gpu_of`, else an
+    80 GB GPU) fits; for a run whose layers record as CUDA graphs by default, which hold a pass's
+    activations twice while recording. True when the model's config cannot be read."""
+    checked = launch_check(config, trainer_gpu_of(config, visible_gpus()))
     return checked is None or checked[0]
-
-
-@functools.lru_cache(maxsize=None)
-def gpu_total_bytes(index: str) -> int | None:
-    """Memory of GPU ``index`` (as ``nvidia-smi`` numbers it), or ``None`` without ``nvidia-smi``.
-    Asked once per process (a launch reads it for the shared split and again for its estimate)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "-i", str(index), "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
-        return int(float(out.stdout.split()[0]) * 2**20) if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def launch_check(config, trainer_gpu: str | None = None) -> tuple[bool, str] | None:

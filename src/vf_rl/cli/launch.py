@@ -37,6 +37,7 @@ from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, trainer_values
 from vf_rl.config.tools import check_tool_calling
 from vf_rl.config.vllm_flags import check_inference_args, inference_flags
+from vf_rl.gpus import visible_gpus
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
 
 EXIT_BAD_INPUT = 2
@@ -67,20 +68,6 @@ class PaneCommand:
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
         return f"( trap : INT; {line}" + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\" )"
-
-
-def visible_gpus() -> list[str] | None:
-    """GPU ids visible to this process: ``CUDA_VISIBLE_DEVICES`` if set, else those nvidia-smi
-    lists, else ``None`` (unknown: no driver here)."""
-    if "CUDA_VISIBLE_DEVICES" in os.environ:
-        return [g for g in os.environ["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
-    if shutil.which("nvidia-smi"):
-        import subprocess
-
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
-        if out.returncode == 0:
-            return [str(i) for i, line in enumerate(out.stdout.splitlines()) if line.startswith("GPU")]
-    return None
 
 
 FORWARDED_ENV_PREFIXES = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "HUGGING_FACE", "TRANSFORMERS_", "VLLM_",
@@ -183,10 +170,10 @@ def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path,
 
     Raises:
         ConfigError: ``refuse`` and the estimate does not fit (``preflight = "strict"`` at launch)."""
+    from vf_rl.gpus import trainer_gpu_of
     from vf_rl.memory import launch_check
 
-    index = 0 if config.inference.shared else config.inference.gpus
-    checked = launch_check(config, gpus[index] if gpus and index < len(gpus) else None)
+    checked = launch_check(config, trainer_gpu_of(config, gpus))
     if checked is None:
         return None
     fits, line = checked

@@ -42,9 +42,10 @@ def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: 
         ConfigError: too few GPUs, or the server's port is taken.
         PreflightError: the server exited or did not answer within ``timeout`` seconds.
     """
-    from vf_rl.cli.launch import build_commands, check_gpus, visible_gpus
+    from vf_rl.cli.launch import build_commands, check_gpus
     from vf_rl.cli.ports import check_port_free
     from vf_rl.config.resolved_toml import to_toml
+    from vf_rl.gpus import visible_gpus
     from vf_rl.inference.client import wait_for_server
 
     gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
