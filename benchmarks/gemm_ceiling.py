@@ -5,9 +5,9 @@
 ``--completion-len`` tokens, ``--micro-batch`` per pass) run every decoder layer's seven
 projections forward and backward, and the LM head on the completion tokens. This script times
 each of those matrix products once per shape on the GPU (bf16, ``torch.mm`` on the layouts the
-autograd engine uses, CUDA events over ``--reps`` repeats after warm-up), with the causal
-FlashAttention of a pass (``scaled_dot_product_attention``, forward and backward) beside them,
-and sums them over the layers and passes of one step:
+autograd engine uses, 20 calls replayed as one CUDA graph between CUDA events, the median of
+``--reps``), with the causal FlashAttention of a pass (``scaled_dot_product_attention``, forward
+and backward) beside them, and sums them over the layers and passes of one step:
 
 * forward ``Y = X W^T`` ``[T, K] x [K, N]`` for each projection (``T`` = tokens of a pass),
 * backward ``dX = dY W`` and, with full weights, ``dW = dY^T X``; with LoRA (``--lora``, rank
@@ -70,23 +70,51 @@ def time_mm(m: int, k: int, n: int, dtype, device, reps: int) -> float:
     return timed(lambda: torch.mm(a, b), device, reps)
 
 
-def timed(fn, device, reps: int) -> float:
+def timed(fn, device, reps: int, calls: int = 20) -> float:
+    """Seconds of one ``fn()``: the median of ``reps`` timings after 3 untimed calls. On a GPU each
+    timing is ``calls`` calls recorded as one CUDA graph and replayed between two CUDA events, /
+    ``calls``: the kernels back to back with no launch between them, as the trainer's recorded
+    layers run them (timed one launch at a time, a rank-16 LoRA product read ~34 us on an H200,
+    the launch's latency, not the kernel's; RESULTS.md, au). Where ``fn`` cannot be recorded the
+    ``calls`` run back to back from the host instead."""
     for _ in range(3 if reps > 1 else 0):
         fn()
-    times = []
-    for _ in range(reps):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
+    if device.type != "cuda":
+        times = []
+        for _ in range(reps):
             t0 = time.perf_counter()
             fn()
             times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+    run = graphed(fn, calls)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
     return sorted(times)[len(times) // 2]
+
+
+def graphed(fn, calls: int):
+    """``calls`` of ``fn`` as one CUDA graph's replay, or (when recording fails) as a host loop."""
+    try:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        return graph.replay
+    except RuntimeError as exc:
+        print(f"  (not recorded as a CUDA graph: {str(exc).splitlines()[0][:100]}; timed from the host)", flush=True)
+        torch.cuda.synchronize()
+
+        def loop():
+            for _ in range(calls):
+                fn()
+        return loop
 
 
 def time_attention(cfg: dict, seqs: int, length: int, dtype, device, reps: int) -> float:

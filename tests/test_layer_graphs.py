@@ -102,7 +102,7 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
     """``record_layer_graphs`` on an ``RLTrainer``'s model (SmolLM2, LoRA, micro batches padded to
     bucket sizes): over two steps' forward/backward passes of one batch every shape is recorded
     once, at its second pass, later passes replay with every trainable parameter holding a
-    ``.grad`` and the run's ``max_seq_len`` as the layout's bound, and each step's loss and adapter
+    ``.grad`` (views into one zeroed buffer) and the run's ``max_seq_len`` as the layout's bound, and each step's loss and adapter
     gradients equal the eager trainer's."""
     from test_compile import _trainer, group_samples
     from transformers import AutoTokenizer
@@ -138,6 +138,8 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
             trainer.model.zero_grad(set_to_none=True)
             loss, _ = trainer._train_on_batch(trainer.model, batch)
             runs[name].append((float(loss), torch.cat([p.grad.flatten().clone() for p in trainable])))
+            if name == "graphs":  # the zero gradients made before the forward: views into one buffer
+                assert len({p.grad.untyped_storage().data_ptr() for p in trainable}) == 1
     assert len(stand_in["recordings"]) >= 1 and len(stand_in["replays"]) > 0 and ready and all(ready)
     assert set(bounds) == {trainer.args.max_seq_len}  # the run's bound on the varlen kernel's segments
     for (loss_ref, grads_ref), (loss, grads) in zip(runs["eager"], runs["graphs"]):

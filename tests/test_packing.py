@@ -457,3 +457,28 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
     micro = len(plan_micro_batches(samples, 1, 0, 4, 40, True, 0))
     # 4 per layer, 3 where the layer's input needs no gradient (the first layer's attention)
     assert copies_cast - copies >= 3.9 * lora_layers * micro, (copies_cast, copies, lora_layers, micro)
+
+
+def test_a_step_turns_training_mode_on_only_where_it_is_off(model_dir, tmp_path, monkeypatch):
+    """A step after an evaluation (the model in eval mode) trains with every module in training
+    mode; a step with every module already training does not call ``Module.train`` (its walk over
+    every module is host time at the start of each step, with the GPU idle)."""
+    from test_compile import _trainer, group_samples
+    from transformers import AutoTokenizer
+
+    from vf_rl.env_api import load_environment
+    from vf_rl.trainer.orchestrator import Batch
+
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    trainer = _trainer(model_dir, tmp_path, "mode", AutoTokenizer.from_pretrained(model_dir), env)
+    batch = Batch(step=0, samples=group_samples([(9, [6, 2, 7, 4]), (5, [5, 3, 1, 8])], seed=3), rollouts=[],
+                  metrics={})
+    calls = []
+    train = torch.nn.Module.train
+    monkeypatch.setattr(torch.nn.Module, "train", lambda self, mode=True: calls.append(mode) or train(self, mode))
+    trainer.model.eval()
+    trainer._train_on_batch(trainer.model, batch)
+    assert True in calls and all(m.training for m in trainer.model.modules())
+    calls.clear()
+    trainer._train_on_batch(trainer.model, batch)
+    assert calls == []

@@ -44,7 +44,7 @@ from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, eva
 from .checkpoints import CheckpointingTrainer
 from .logprobs import micro_batch_logprobs
 from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
-from .model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints
+from .model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
 from .packing import plan_micro_batches
@@ -339,7 +339,7 @@ class RLTrainer(CheckpointingTrainer):
         on_device = [mb.to(a.device) for mb in on_host]
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
-        model.train()
+        train_mode(model)  # the flags only where an evaluation left them off (model.py)
         with lora_input_casts_off(model, self.accelerator.native_amp):  # exact, fewer copies (model.py)
             for i, mb in enumerate(on_device):
                 # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
