@@ -76,6 +76,7 @@ Usage (from the repo root; TRL and datasets need not be in the venv, see benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
 import datetime
@@ -89,6 +90,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -214,6 +216,13 @@ def parse_args(argv=None):
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--completion-len", type=int, default=256)
     p.add_argument("--mode", choices=["fixed", "realistic"], default="fixed", help="batch shape (see the docstring)")
+    p.add_argument("--last-completion-len", type=int, default=None,
+                   help="fixed: the batch's last sequence has this many completion tokens instead (a long-sequence "
+                        "step of one long sequence and a short one beside it, as groups need two: with micro batch 1 "
+                        "the peak is the long sequence's and the step takes about half the time of two long ones)")
+    p.add_argument("--heartbeat", type=float, default=None,
+                   help="print every this many seconds while a step runs: its seconds so far and the GPU memory "
+                        "allocated and at its peak (where a long step stands when a time limit ends it)")
     p.add_argument("--vf-micro-batch-tokens", type=int, default=None,
                    help="token budget of the vf-rl-tokens side (default: micro batch x longest sequence)")
     p.add_argument("--group", type=int, default=8, help="realistic: rollouts per prompt")
@@ -294,6 +303,9 @@ def parse_args(argv=None):
                 p.error(f"--sides: {side}: no vLLM here (sleep applies to learning.py)")
     if args.mode == "realistic" and (args.batch % args.group or args.group < 2):
         p.error(f"--batch ({args.batch}) must be a multiple of --group ({args.group}) >= 2")
+    if args.last_completion_len is not None and not (args.mode == "fixed" and
+                                                     1 <= args.last_completion_len <= args.completion_len):
+        p.error("--last-completion-len: fixed mode only, between 1 and --completion-len")
     if args.offload_activations and not args.gradient_checkpointing:
         p.error("--offload-activations needs --gradient-checkpointing")
     if not 1 <= args.prompt_min <= args.prompt_max or args.max_tokens < 4 or not 0 <= args.cap_share <= 1:
@@ -342,7 +354,8 @@ def batch_shape(args) -> tuple[list[int], list[int], list[int]]:
     realistic distribution; seeded by ``args.seed``)."""
     B = args.batch
     if args.mode == "fixed":
-        return [args.prompt_len] * B, [args.completion_len] * B, [-1] * B
+        last = args.completion_len if args.last_completion_len is None else args.last_completion_len
+        return [args.prompt_len] * B, [args.completion_len] * (B - 1) + [last], [-1] * B
     g = torch.Generator().manual_seed(args.seed + 2)
     groups = B // args.group
     prompts = torch.randint(args.prompt_min, args.prompt_max + 1, (groups,), generator=g).tolist()
@@ -720,8 +733,9 @@ class Opened:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         start = time.perf_counter()
-        self.losses.append(self.step())
-        sync(self.device)
+        with heartbeat(self.name, self.args.heartbeat, self.device):
+            self.losses.append(self.step())
+            sync(self.device)
         elapsed = time.perf_counter() - start
         if self.first_step_s is None:
             self.first_step_s = time.perf_counter() - self.t0 - self.check_s
@@ -770,6 +784,32 @@ class Opened:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def heartbeat(name: str, every_s: float | None, device):
+    """While the block runs, every ``every_s`` seconds (None: never) one line: the seconds since it
+    began and the GPU memory allocated now and at its peak (GiB)."""
+    if not every_s:
+        yield
+        return
+    done, start = threading.Event(), time.perf_counter()
+
+    def beat():
+        while not done.wait(every_s):
+            mem = ""
+            if device.type == "cuda":
+                mem = (f": {torch.cuda.memory_allocated(device) / 2**30:.1f} GiB allocated, "
+                       f"{torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB peak")
+            print(f"[{name}] step running for {time.perf_counter() - start:.0f} s{mem}", flush=True)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 def allocated(device) -> int:
@@ -992,7 +1032,8 @@ def describe_batch(batch: dict, args) -> str:
     P, C = batch["prompt_lens"], [len(x) for x in batch["sampling_lps"]]
     real = sum(P) + sum(C)
     if args.mode == "fixed":
-        return (f"fixed, {args.batch} x ({args.prompt_len} prompt + {args.completion_len} completion) = {real} "
+        last = "" if args.last_completion_len is None else f", the last with {args.last_completion_len} completion"
+        return (f"fixed, {args.batch} x ({args.prompt_len} prompt + {args.completion_len} completion){last} = {real} "
                 "tokens/step")
     cap = sum(c == args.max_tokens for c in C)
     return (f"realistic (seed {args.seed}), {args.batch} rollouts = {args.batch // args.group} prompts x {args.group}, "

@@ -47,3 +47,20 @@ def test_device_gaps_count_the_time_no_kernel_ran():
                      "  idle before: gemm 0.2 ms (1); add 0.0 ms (2)",
                      "  largest gaps: 0.2 ms add -> gemm"]
     assert trainer_step.device_gaps([event(0, 10, "CPU")]) == "no kernel events"
+
+
+def test_a_short_last_sequence_and_the_heartbeat(tmp_path):
+    """``--last-completion-len``: the fixed batch's last sequence is that short (the step's tokens
+    say so); ``--heartbeat``: lines while a step runs; a last length above ``--completion-len`` is
+    refused with one line."""
+    out = tmp_path / "step.json"
+    base = [sys.executable, "benchmarks/trainer_step.py", "--model-config", "tiny", "--batch", "4", "--micro-batch", "1",
+            "--prompt-len", "8", "--completion-len", "8", "--steps", "1", "--warmup", "0", "--no-grad-check",
+            "--sides", "vf-rl"]
+    result = subprocess.run(base + ["--last-completion-len", "3", "--heartbeat", "0.001", "--json", str(out)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(out.read_text())["results"]["vf-rl"]["tokens_per_step"] == 3 * (8 + 8) + 8 + 3
+    assert "[vf-rl] step running for" in result.stdout and "the last with 3 completion" in result.stdout
+    bad = subprocess.run(base + ["--last-completion-len", "9"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert bad.returncode == 2 and "--last-completion-len" in bad.stderr.strip().splitlines()[-1]
