@@ -98,12 +98,13 @@ def test_a_shape_records_at_its_second_pass(stand_in):
     assert not replays and len(recordings) == len(set(keys))
 
 
-def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monkeypatch, model_dir, tmp_path):
+def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monkeypatch, model_dir, tmp_path, request):
     """``record_layer_graphs`` on an ``RLTrainer``'s model (SmolLM2, LoRA, micro batches padded to
     bucket sizes): over two steps' forward/backward passes of one batch every shape is recorded
     once, at its second pass, later passes replay with every trainable parameter holding a
     ``.grad`` (views into one zeroed buffer) and the run's ``max_seq_len`` as the layout's bound, and each step's loss and adapter
-    gradients equal the eager trainer's."""
+    gradients equal the eager trainer's; autocast's weight cache is off from then on (a recording
+    turning it off would otherwise recompile the layers)."""
     from test_compile import _trainer, group_samples
     from transformers import AutoTokenizer
 
@@ -128,7 +129,9 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
                     own, _ = selective_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:])
                     s.sampling_logprobs = [0.0] + (own[0] + 0.05 * torch.randn(len(own[0]))).tolist()
         if name == "graphs":
+            request.addfinalizer(lambda: torch.set_autocast_cache_enabled(True))
             assert record_layer_graphs(trainer.model) == trainer.model.config.num_hidden_layers
+            assert not torch.is_autocast_cache_enabled()  # the state every compile and recording then sees
             trainer.cuda_graphs = True
             original = layer_graphs._FlatStack.forward
             monkeypatch.setattr(layer_graphs._FlatStack, "forward", lambda self, *t: ready.append(

@@ -222,7 +222,7 @@ class LayerGraphs:
         sample = tuple(t.detach().clone().requires_grad_(t.requires_grad) for t in tensors)
         cache = torch.is_autocast_cache_enabled()
         autocast = torch.is_autocast_enabled("cuda")
-        if autocast:  # make_graphed_callables refuses autocast's weight cache (turning it off recompiles)
+        if autocast:  # make_graphed_callables refuses autocast's weight cache (model.record_layer_graphs turns it off)
             torch.set_autocast_cache_enabled(False)
         try:
             graphed = torch.cuda.make_graphed_callables(stack, sample, pool=self.pool)

@@ -356,6 +356,11 @@ def record_layer_graphs(model: torch.nn.Module) -> int:
     if layers:
         LayerGraphs(layers)
         _grads_before_forward(model)
+        # autocast's weight cache off for the process: a recording needs it off (make_graphed_callables
+        # refuses it), and layers compiled with it on compile again when it turns off (a guard on global
+        # state; 2.4 s in a run's third step, benchmarks/RESULTS.md, au). It only saves re-casting a
+        # float32 weight used twice in one autocast region.
+        torch.set_autocast_cache_enabled(False)
     return len(layers)
 
 
