@@ -482,3 +482,20 @@ def test_a_step_turns_training_mode_on_only_where_it_is_off(model_dir, tmp_path,
     calls.clear()
     trainer._train_on_batch(trainer.model, batch)
     assert calls == []
+
+
+def test_training_mode_bookkeeping_does_not_keep_a_model_alive():
+    """``train_mode`` remembers each model's modules without holding the model: a trainer's model
+    is freed with the trainer (a strong list, which holds the model itself, kept every one alive)."""
+    import gc
+    import weakref
+
+    from vf_rl.trainer.model import train_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).eval()
+    train_mode(model)
+    assert all(m.training for m in model.modules())
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

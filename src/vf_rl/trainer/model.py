@@ -140,7 +140,7 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
 
 
 _TUNER_LAYERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> its peft tuner layers
-_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> all its modules
+_MODULES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> weak references to its modules
 
 
 def train_mode(model: torch.nn.Module) -> None:
@@ -151,9 +151,9 @@ def train_mode(model: torch.nn.Module) -> None:
     with the GPU idle (SmolLM2-135M, benchmarks/RESULTS.md, au). Reading the flags of the modules
     listed once per model takes a fraction of that.
     """
-    if model not in _MODULES:
-        _MODULES[model] = list(model.modules())
-    if not all(m.training for m in _MODULES[model]):
+    if model not in _MODULES:  # weak: the list holds the model itself, which a strong one would keep alive
+        _MODULES[model] = [weakref.ref(m) for m in model.modules()]
+    if not all(getattr(ref(), "training", True) for ref in _MODULES[model]):
         model.train()
 
 
