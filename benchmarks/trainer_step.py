@@ -156,7 +156,8 @@ VF_VARIANTS = {"vf-rl": {}, "vf-rl-noshare": {"share_prompts": False}, "vf-rl-pa
                "vf-rl-stack": {"torch_compile": False},
                "vf-rl-stack-cudagraphs": {"torch_compile": False},
                "vf-rl-layer-graphs": {"torch_compile": True, "torch_compile_mode": "reduce-overhead"},
-               "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"}}
+               "vf-rl-stack-autotune": {"torch_compile": True, "torch_compile_mode": "max-autotune"},
+               "vf-rl-unfused": {}}
 """vf-rl: the defaults (on one GPU the compiled layers recorded as CUDA graphs, as vf-rl-layer-graphs, where
 the run allows it; config.defaults.records_layers_by_default). vf-rl-compile: each layer compiled, no graphs.
 vf-rl-stack: the decoder stack (embedding, every layer, the last norm) compiled as one region
@@ -169,7 +170,8 @@ vf-rl-layer-graphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's ow
 compile, the layers' forward and backward then recorded as one CUDA graph each per padded shape
 (``vf_rl.trainer.layer_graphs``) and micro batches padded as for the stack's graphs.
 vf-rl-stack-autotune: ``torch_compile_mode = "max-autotune"``, the trainer's own path: the stack's
-CUDA graphs, inductor also benchmarking matmul kernels at compile time (a longer first step)."""
+CUDA graphs, inductor also benchmarking matmul kernels at compile time (a longer first step).
+vf-rl-unfused: the defaults without ``vf_rl.trainer.fusion`` (each projection its own product)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -495,9 +497,11 @@ class VfSide:
     def _build_trainer(self, model, tokenizer, out_dir):
         from vf_rl.config.rl_config import RLConfig
         from vf_rl.env_api import load_environment
+        from vf_rl.trainer import fusion
         from vf_rl.trainer.orchestrator import Batch
         from vf_rl.trainer.trainer import RLTrainer
 
+        fusion.ENABLED = self.name != "vf-rl-unfused"  # read when the layers compile
         a = self.args
         seq = max_seq_len(a)
         wanted = dict(output_dir=str(out_dir / self.name), run_name="bench", report_to="none", seed=a.seed,

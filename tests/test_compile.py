@@ -478,3 +478,58 @@ def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
     healthy["now"] = False
     with pytest.raises(TimeoutError, match="not ready after"):
         warmup.server_memory_taken(trainer(0.3, timeout=0.0), poll_s=0.0)
+
+
+def test_projections_on_one_input_compile_as_one_product(model_dir, monkeypatch):
+    """``trainer/fusion.py`` in a compiled SmolLM2 decoder layer with a LoRA adapter: the frozen q, k
+    and v projections become one product, and so do the adapter's ``A`` matrices on the attention's
+    input and on the MLP's (the gate and up projections, wider than their input, stay apart); the
+    layer's output and gradients equal the eager layer's, and its backward keeps no more tensors
+    than the unfused compile's (the concatenated weights are recomputed there, not kept)."""
+    import copy
+
+    import torch._inductor.config as inductor_config
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from vf_rl.trainer import fusion
+    from vf_rl.trainer.model import _compile_region
+
+    monkeypatch.setattr(inductor_config, "force_disable_caches", True)  # a cache hit would skip the pass
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                         "gate_proj", "up_proj", "down_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    decoder = model.base_model.model.model
+    x = torch.randn(1, 24, model.config.hidden_size, requires_grad=True)
+    positions = torch.arange(24)[None]
+    rotary = decoder.rotary_emb(x, positions)
+
+    def run(layer):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            out = layer(x, attention_mask=None, position_ids=positions, position_embeddings=rotary)
+        out = out[0] if isinstance(out, tuple) else out
+        trainable = [p for p in layer.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(out.square().mean(), [x, *trainable])
+        weights = {p.data_ptr() for p in layer.parameters()}
+        return out, grads, sum(t.numel() * t.element_size() for t in kept if t.data_ptr() not in weights)
+
+    eager = decoder.layers[0]
+    out_ref, grads_ref, _ = run(eager)
+    monkeypatch.setattr(fusion.FuseSharedInputLinears, "fused", 0)
+    fused = copy.deepcopy(eager)
+    _compile_region(fused, "inductor", None)
+    out, grads, kept = run(fused)
+    fused_calls = fusion.FuseSharedInputLinears.fused  # per compile: q/k/v, their A matrices, gate/up's A matrices
+    assert fused_calls > 0 and fused_calls % (3 + 3 + 2) == 0  # (a compile a process's earlier tests made dynamic: 2)
+    assert torch.allclose(out, out_ref, atol=1e-5)
+    assert all(torch.allclose(g, r, rtol=1e-4, atol=1e-6) for g, r in zip(grads, grads_ref))
+    monkeypatch.setattr(fusion, "ENABLED", False)
+    plain = copy.deepcopy(eager)
+    _compile_region(plain, "inductor", None)
+    assert run(plain)[2] >= kept > 0

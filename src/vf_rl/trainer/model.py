@@ -260,14 +260,23 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
     Only the sizes that change between micro batches are dynamic: a packed row's length, segment
     count and gathered keys are marked so before each call (:func:`_mark_row_sizes`), so its first
     compile is already the one every later row reuses; other sizes turn dynamic once they change
-    (``dynamic=None``). With every size symbolic from the first call (``dynamic=True``) the
+    (``dynamic=None``). With inductor, projections that read the same input compile as one
+    product (:mod:`fusion`). With every size symbolic from the first call (``dynamic=True``) the
     stack's CUDA graphs crash with torch 2.11 (SIGSEGV on an H200) and the layers compile slower
     (benchmarks/RESULTS.md, am)."""
     import torch._dynamo
 
+    from . import fusion
+
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.suppress_errors = True
-    module.compile(backend=backend, mode=mode)
+    if backend == "inductor" and fusion.ENABLED:  # narrow projections on one input as one product (fusion.py)
+        import torch._inductor
+
+        options = {**(torch._inductor.list_mode_options(mode) if mode else {}), "pre_grad_custom_pass": fusion.FUSE}
+        module.compile(backend=backend, options=options)
+    else:
+        module.compile(backend=backend, mode=mode)
     compiled = getattr(module, "_compiled_call_impl", None)  # what nn.Module.__call__ runs once compiled
     if compiled is not None:
         def call(*args, **kwargs):
