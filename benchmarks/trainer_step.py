@@ -501,7 +501,7 @@ class VfSide:
         from vf_rl.trainer.orchestrator import Batch
         from vf_rl.trainer.trainer import RLTrainer
 
-        fusion.ENABLED = self.name != "vf-rl-unfused"  # read when the layers compile
+        fusion.ENABLED = self.name != "vf-rl-unfused"  # read as this side's layers are set to compile (its build)
         a = self.args
         seq = max_seq_len(a)
         wanted = dict(output_dir=str(out_dir / self.name), run_name="bench", report_to="none", seed=a.seed,

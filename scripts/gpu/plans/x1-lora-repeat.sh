@@ -6,6 +6,10 @@
 #   1 (~2 min): (au)'s small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled: the 15.6 ms of Python at
 #     its start gone? ((au) 0.101 s a step, (as) 0.095)
 #   2 (~1 min): gemm_ceiling.py, Llama-1.2B full and LoRA, each product replayed from a CUDA graph (no launch latency)
+#   2c (~5 min): trainer/fusion.py (q/k/v and LoRA A products fused in the compiled layers; new, never run on a GPU):
+#     scripts/gpu/layer_graphs_check.py (the compiled layers' gradients against eager; (as) floor 2.6e-2, eager 3.5e-2),
+#     then Llama-1.2B LoRA and full weights, vf-rl and vf-rl-unfused interleaved in one process (what it gains:
+#     gemm_ceiling's k/v products ran at ~200 TFLOP/s against q's ~480; ~30 ms a full-weight step by that table)
 #   3 (~2 min): Llama-1.2B LoRA at the defaults, profiled, with its trace: its idle gaps ((as): 47.5 ms of 405.9)
 #   4 (~10 min): Llama-1.2B LoRA, vf-rl's defaults then trl-compile-liger, twice, back to back
 #   5 (rest): Unsloth's wheels (.u1, .u2 carried first) and x1-unsloth.sh's four cases
@@ -22,6 +26,16 @@ for kind in full lora; do
   flag=""; [ $kind = lora ] && flag=--lora
   timeout 150 python3 benchmarks/gemm_ceiling.py --model-config llama-1b $flag \
     --json /tmp/e2e/gemm-graphed-llama-1b-$kind.json > /tmp/e2e/gemm-graphed-llama-1b-$kind.log 2>&1
+done
+fresh_caches
+timeout 420 python3 scripts/gpu/layer_graphs_check.py --sides layers,layers-again,eager,graphs \
+  > /tmp/e2e/layer-graphs-check-fusion.log 2>&1
+for kind in lora full; do
+  flag=""; [ $kind = lora ] && flag=--lora
+  fresh_caches
+  timeout 420 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b $flag --batch 64 --micro-batch 8 \
+    --prompt-len 256 --completion-len 256 --steps 8 --warmup 2 --no-grad-check --sides vf-rl,vf-rl-unfused --interleave \
+    --json /tmp/e2e/fusion-fixed-llama-1b-$kind.json > /tmp/e2e/fusion-fixed-llama-1b-$kind.log 2>&1
 done
 fresh_caches
 timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --lora --batch 64 --micro-batch 8 \
