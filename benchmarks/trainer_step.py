@@ -356,7 +356,7 @@ def batch_shape(args) -> tuple[list[int], list[int], list[int]]:
     realistic distribution; seeded by ``args.seed``)."""
     B = args.batch
     if args.mode == "fixed":
-        last = args.completion_len if args.last_completion_len is None else args.last_completion_len
+        last = getattr(args, "last_completion_len", None) or args.completion_len  # (records made before it lack it)
         return [args.prompt_len] * B, [args.completion_len] * (B - 1) + [last], [-1] * B
     g = torch.Generator().manual_seed(args.seed + 2)
     groups = B // args.group
