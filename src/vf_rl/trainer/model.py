@@ -274,7 +274,10 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
         import torch._inductor
 
         options = {**(torch._inductor.list_mode_options(mode) if mode else {}), "pre_grad_custom_pass": fusion.FUSE}
-        module.compile(backend=backend, options=options)
+        try:
+            module.compile(backend=backend, options=options)
+        except RuntimeError:  # an inductor that refuses the option: the layers compile as they are
+            module.compile(backend=backend, mode=mode)
     else:
         module.compile(backend=backend, mode=mode)
     compiled = getattr(module, "_compiled_call_impl", None)  # what nn.Module.__call__ runs once compiled
