@@ -60,8 +60,9 @@ class FuseSharedInputLinears(CustomGraphPass):
                 continue
             key = (x, region, b is not None, weight.requires_grad, weight.dtype, weight.device)
             groups.setdefault(key, []).append((node, w, b))
+        order = {node: i for i, node in enumerate(graph.nodes)}  # before any group is rewritten
         for (x, _, biased, *_), members in groups.items():
-            members = _fusable(graph, x, members)
+            members = _fusable(order, x, members)
             if members:
                 self._fuse(graph, x, biased, members)
 
@@ -93,20 +94,19 @@ def _value(node) -> torch.Tensor | None:
     return node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
 
 
-def _fusable(graph: torch.fx.Graph, x: torch.fx.Node, members: list) -> list:
+def _fusable(order: dict, x: torch.fx.Node, members: list) -> list:
     """The members worth fusing and safe to compute at the first one's place: two or more, one of
     them narrower than its input; each weight and bias defined before the first; ``x`` not changed
     in place between the first and the last."""
     if len(members) < 2:
         return []
-    order = {node: i for i, node in enumerate(graph.nodes)}
     first, last = order[members[0][0]], order[members[-1][0]]
     members = [m for m in members if all(order.get(d, -1) < first for d in m[1:] if isinstance(d, torch.fx.Node))]
-    width = x.meta["example_value"].shape[-1] if _value(x) is not None else None
+    width = _value(x).shape[-1] if _value(x) is not None else None
     if len(members) < 2 or width is None or all(_value(w).shape[0] >= width for _, w, _ in members):
         return []
     for user in x.users:
         name = user.target if user.op == "call_method" else getattr(user.target, "__name__", "")
-        if first < order[user] < last and isinstance(name, str) and name.endswith("_") and not name.endswith("__"):
+        if first < order.get(user, -1) < last and isinstance(name, str) and name.endswith("_") and not name.endswith("__"):
             return []  # an in-place change of x between the products
     return members
