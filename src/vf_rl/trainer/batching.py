@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -33,6 +34,16 @@ class Sample:
     advantage: float
     group: int = -1
     prompt_len: int = 0
+
+
+_NUMPY_DTYPES = {torch.long: np.int64, torch.int32: np.int32, torch.float32: np.float32, torch.bool: np.bool_}
+
+
+def host_tensor(values, dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of ``values`` (a list of numbers, or of equal-length lists) with ``dtype``,
+    through numpy: ``torch.tensor`` reads a Python list ~3x slower (~55 against ~16 ns a number),
+    and a 64 x 512-token batch's micro batches convert ~150k numbers at every step's start."""
+    return torch.from_numpy(np.asarray(values, dtype=_NUMPY_DTYPES[dtype]))
 
 
 def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -144,11 +155,11 @@ def micro_batches(samples: list[Sample], micro_batch_size: int, pad_token_id: in
             return [list(v) + [fill] * (length - len(v)) for v in values]
 
         batches.append({
-            "input_ids": torch.tensor(pad([s.input_ids for s in chunk], pad_token_id), dtype=torch.long),
-            "attention_mask": torch.tensor(pad([[1] * len(s.input_ids) for s in chunk], 0), dtype=torch.long),
-            "loss_mask": torch.tensor(pad([s.loss_mask for s in chunk], 0), dtype=torch.bool),
-            "sampling_logprobs": torch.tensor(pad([s.sampling_logprobs for s in chunk], 0.0), dtype=torch.float32),
-            "advantages": torch.tensor([s.advantage for s in chunk], dtype=torch.float32),
+            "input_ids": host_tensor(pad([s.input_ids for s in chunk], pad_token_id), torch.long),
+            "attention_mask": host_tensor(pad([[1] * len(s.input_ids) for s in chunk], 0), torch.long),
+            "loss_mask": host_tensor(pad([s.loss_mask for s in chunk], 0), torch.bool),
+            "sampling_logprobs": host_tensor(pad([s.sampling_logprobs for s in chunk], 0.0), torch.float32),
+            "advantages": host_tensor([s.advantage for s in chunk], torch.float32),
         })
     return batches
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batching import Sample
+from .batching import Sample, host_tensor
 from .shape_grid import bucket
 
 PACK_MIN_SAVING = 0.1
@@ -309,31 +309,33 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
     T = max(len(s.input_ids) - st for s, st in zip(samples, starts))
     B = len(samples)
     valid = torch.zeros(B, T, dtype=torch.bool)
-    loss_mask = torch.zeros(B, T, dtype=torch.bool)
-    sampling = torch.zeros(B, T, dtype=torch.float32)
-    predict, targets, cells = [], [], []
+    predict, targets, cells, masks, sampled = [], [], [], [], []
     for b, (s, st, pm) in enumerate(zip(samples, starts, pos_maps)):
         n = len(s.input_ids) - st
         valid[b, :n] = True
         cells += range(b * T, b * T + n)
-        loss_mask[b, :n] = torch.tensor(s.loss_mask[st:], dtype=torch.bool)
-        sampling[b, :n] = torch.tensor(s.sampling_logprobs[st:], dtype=torch.float32)
+        masks += s.loss_mask[st:]
+        sampled += s.sampling_logprobs[st:]
         predict += pm[st - 1:len(s.input_ids) - 1]
         targets += s.input_ids[st:]
+    loss_mask = torch.zeros(B, T, dtype=torch.bool)
+    sampling = torch.zeros(B, T, dtype=torch.float32)
+    loss_mask[valid] = host_tensor(masks, torch.bool)  # row-major, as ``cells``
+    sampling[valid] = host_tensor(sampled, torch.float32)
     segments = [(q0, q1, k0, k1) for (q0, q1), k0, k1 in zip(q_segments, k_bounds[:-1], k_bounds[1:])]
     layout = PackedLayout(
-        cu_q=torch.tensor([0] + [q1 for _, q1 in q_segments], dtype=torch.int32),
-        cu_k=torch.tensor(k_bounds, dtype=torch.int32),
-        key_index=torch.tensor(k_index, dtype=torch.long) if gathers else None,
+        cu_q=host_tensor([0] + [q1 for _, q1 in q_segments], torch.int32),
+        cu_k=host_tensor(k_bounds, torch.int32),
+        key_index=host_tensor(k_index, torch.long) if gathers else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
     if max_seq_len and max(layout.max_q, layout.max_k) <= max_seq_len:
         layout.bound = max_seq_len
-    return MicroBatch(input_ids=torch.tensor([ids], dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
+    return MicroBatch(input_ids=host_tensor([ids], torch.long), targets=host_tensor(targets, torch.long),
                       loss_mask=loss_mask, sampling_logprobs=sampling,
-                      advantages=torch.tensor([s.advantage for s in samples]), tokens=len(ids), layout=layout,
-                      position_ids=torch.tensor([positions]), predict_index=torch.tensor(predict, dtype=torch.long),
-                      valid=valid, cells=torch.tensor(cells, dtype=torch.long))
+                      advantages=host_tensor([s.advantage for s in samples], torch.float32), tokens=len(ids),
+                      layout=layout, position_ids=host_tensor([positions], torch.long),
+                      predict_index=host_tensor(predict, torch.long), valid=valid, cells=host_tensor(cells, torch.long))
 
 
 # --- bucketed shapes (CUDA graphs) --------------------------------------------------------------
