@@ -2,6 +2,7 @@
 (padded, per-sample, full-logits) computations, on real SmolLM2 in float32 on the CPU."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -18,6 +19,8 @@ from vf_rl.trainer.logprobs import (
 from vf_rl.trainer.packing import (
     bucket,
     default_token_budget,
+    first_trained,
+    micro_batches_to,
     pack_for_rank,
     pack_samples,
     packed_micro_batch,
@@ -100,6 +103,35 @@ def test_plan_packs_only_where_it_saves_work():
     assert should_pack(ragged) and plan_micro_batches(ragged, 1, 0, 2, None, False, 0)[0].packed
     assert not should_pack(group_samples([(4, [20]), (4, [18])]))  # padding 2 of 48: under 10%
     assert len(plan_micro_batches(ragged, 1, 0, 1, 24, False, 0)) == 2  # micro_batch_tokens overrides
+
+
+def test_micro_batches_move_in_one_buffer_per_dtype():
+    """Every tensor of a plan's micro batches (their layouts' too) arrives with its values, shape and
+    dtype, each dtype's tensors as 16-byte aligned views into one buffer: one copy per dtype to a GPU."""
+    samples = group_samples([(6, [5, 3, 4]), (4, [2, 7])]) + [Sample([1, 2, 3], [0, 0, 0], [0.0] * 3, 0.5)]
+    plan = plan_micro_batches(samples, 1, 0, 2, 20, True, 0, always_pack=True)
+    plan.append(padded_micro_batch(group_samples([(3, [2, 5])]), 0))
+    moved = micro_batches_to(plan, "cpu")
+    storages: dict[torch.dtype, set[int]] = {}
+    for before, after in zip(plan, moved, strict=True):
+        pairs = [(getattr(before, f), getattr(after, f)) for f in before.__dataclass_fields__]
+        if before.packed:
+            pairs += [(getattr(before.layout, f), getattr(after.layout, f)) for f in ("cu_q", "cu_k", "key_index")]
+            assert after.layout.segments == before.layout.segments and after.layout.max_q == before.layout.max_q
+        for b, a in pairs:
+            if isinstance(b, torch.Tensor):
+                assert a.dtype == b.dtype and torch.equal(a, b) and a is not b and a.data_ptr() % 16 == 0
+                storages.setdefault(a.dtype, set()).add(a.untyped_storage().data_ptr())
+            elif b is None or not dataclasses.is_dataclass(b):
+                assert a == b
+    assert {torch.long, torch.int32, torch.bool, torch.float32} <= set(storages)
+    assert all(len(ptrs) == 1 for ptrs in storages.values()), storages
+
+
+def test_first_trained_position_of_a_sample():
+    assert first_trained(Sample([5, 6, 7, 8], [0, 0, 1, 1], [0.0] * 4, 0.0)) == 2
+    assert first_trained(Sample([5, 6, 7], [True, False, True], [0.0] * 3, 0.0)) == 2  # position 0 never trains
+    assert first_trained(Sample([5, 6, 7], [0, 0, 0], [0.0] * 3, 0.0)) == 3
 
 
 def test_plan_without_padding_free_is_padded_micro_batches_of_micro_batch_size():

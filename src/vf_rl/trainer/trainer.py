@@ -47,7 +47,7 @@ from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from .model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
 from .orchestrator import Batch, Orchestrator
 from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
-from .packing import plan_micro_batches
+from .packing import micro_batches_to, plan_micro_batches
 from .reference import frozen_copy, reference_logprobs
 from .tiling import tile_mlps
 from .warmup import server_memory_taken, warm_up
@@ -336,7 +336,7 @@ class RLTrainer(CheckpointingTrainer):
                                      a.padding_free, self.cuda_graphs, bool(a.torch_compile), a.max_seq_len)
         trained_tokens = sum(mb.tokens for mb in on_host)
         my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
-        on_device = [mb.to(a.device) for mb in on_host]
+        on_device = micro_batches_to(on_host, a.device)  # one copy per dtype
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
         train_mode(model)  # the flags only where an evaluation left them off (model.py)
