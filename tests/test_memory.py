@@ -53,12 +53,13 @@ def measured_passes(args: dict, overrides: dict) -> list[tuple[int, int]]:
 
 def measured_cases():
     """Every vf-rl side with a GPU peak in benchmarks/results/trainer-step-*.json."""
-    configs = trainer_step_module().MODEL_CONFIGS
+    bench = trainer_step_module()
+    configs = bench.MODEL_CONFIGS
     for path in sorted(RESULTS.glob("trainer-step-*.json")):
         record = json.loads(path.read_text())
         args = record["args"]
-        for side, result in record["results"].items():
-            if side.startswith("trl") or not result.get("peak_mem_bytes") or args["model_config"] not in configs:
+        for side, result in record["results"].items():  # peer sides (TRL, Unsloth) left out
+            if bench.is_trl(side) or not result.get("peak_mem_bytes") or args["model_config"] not in configs:
                 continue
             yield f"{path.stem}:{side}", record, side, result
 
