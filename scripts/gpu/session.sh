@@ -42,6 +42,7 @@
 #   warmup: vf-sft on ENV (reverse-text, gsm8k), then benchmarks/learning.py from the warmed-up model (MINUTES, SIDES, EVAL_EVERY)
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
 #   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
+#   small-step: trainer_step.py's small step at the defaults (SmolLM2-135M LoRA, 128 rollouts), profiled (TAG), background
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
@@ -260,6 +261,14 @@ best)  # issue 29: the small-model cases against every TRL side, each side its o
     done
   done
   background "$cmd"
+  ;;
+small-step)  # the small step at the defaults (SmolLM2-135M LoRA r8, 128 rollouts of 40-90 + up to 128 tokens, no vLLM),
+  # profiled with its trace: small-step-$TAG-smollm2-vf-rl.{json,log} and trace-small-$TAG.json.gz in /tmp/e2e
+  mkdir -p /tmp/e2e; name=small-step-${TAG:-run}-smollm2-vf-rl
+  background "timeout ${LIMIT:-420} python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora \
+    --lora-rank 8 --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
+    --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides vf-rl --profile --trace /tmp/e2e/trace-small-${TAG:-run}.json.gz \
+    --json /tmp/e2e/$name.json > /tmp/e2e/$name.log 2>&1"
   ;;
 big)
   m=${MODEL_CONFIG:-llama-3.1-8b}; dir=/tmp/rand-$m; tok=${MAXTOK:-8192}; mkdir -p /tmp/e2e /tmp/runs; rm -rf /tmp/e2e/big*

@@ -29,9 +29,5 @@ timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama
   --trace /tmp/e2e/trace-llama-lora-clean.json.gz > /tmp/e2e/profile-fixed-llama-1b-lora-clean.log 2>&1
 pair llama-1b:full 1 vf-rl trl-compile-liger
 fresh_caches
-timeout 300 python3 benchmarks/trainer_step.py --mode realistic --model-config smollm2-135m --lora --lora-rank 8 \
-  --lora-alpha 32 --batch 128 --micro-batch 128 --group 8 --prompt-min 40 --prompt-max 90 --max-tokens 128 \
-  --cap-share 0.2 --steps 6 --warmup 3 --no-grad-check --sides vf-rl --profile \
-  --trace /tmp/e2e/trace-small-clean.json.gz \
-  --json /tmp/e2e/small-step-clean-smollm2-vf-rl.json > /tmp/e2e/small-step-clean-smollm2-vf-rl.log 2>&1
+TAG=clean LIMIT=300 FG=1 bash $S small-step
 echo "plan done"
