@@ -32,8 +32,9 @@ prompt's keys then its own).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import compress
+from itertools import chain, compress
 
 import torch
 
@@ -316,8 +317,9 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
     longest segments without compiling again per value, and with the row's length in their place
     attention took 57% of the GPU time of a SmolLM2-135M LoRA step on a 15k-token row of ~120-token
     samples (benchmarks/RESULTS.md, ar)."""
-    ids, positions, pos_maps = [], [], []
-    q_segments, k_index, k_bounds = [], [], [0]
+    ids, positions = [], []
+    pos_maps: list[Sequence[int]] = []  # per sample, the row position of each of its tokens: its keys
+    q_segments, k_bounds = [], [0]
     prev, prompt_at = None, 0  # the previous sample, and where its prompt starts in the row
     for s in samples:
         L = len(s.input_ids)
@@ -327,15 +329,13 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
             ids += s.input_ids[p:]
             positions += range(p, L)
             pos_maps.append(list(range(prompt_at, prompt_at + p)) + list(range(start, start + L - p)))
-            k_index += list(range(prompt_at, prompt_at + p)) + list(range(start, start + L - p))
         else:
             prompt_at = start
             ids += s.input_ids
             positions += range(L)
-            pos_maps.append(list(range(start, start + L)))
-            k_index += list(range(start, start + L))
+            pos_maps.append(range(start, start + L))
         q_segments.append((start, len(ids)))
-        k_bounds.append(len(k_index))
+        k_bounds.append(k_bounds[-1] + L)
         prev = s
     # rollouts of a real run always carry their group, so every micro batch of a run gathers (one
     # form); samples without one (SFT rows, distinct prompts) never share and skip the gather
@@ -361,7 +361,7 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
     layout = PackedLayout(
         cu_q=host_tensor([0] + [q1 for _, q1 in q_segments], torch.int32),
         cu_k=host_tensor(k_bounds, torch.int32),
-        key_index=host_tensor(k_index, torch.long) if gathers else None,
+        key_index=host_tensor(list(chain.from_iterable(pos_maps)), torch.long) if gathers else None,
         max_q=max(q1 - q0 for q0, q1 in q_segments), max_k=max(b - a for a, b in zip(k_bounds, k_bounds[1:])),
         segments=segments)
     if max_seq_len and max(layout.max_q, layout.max_k) <= max_seq_len:
