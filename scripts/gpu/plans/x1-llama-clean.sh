@@ -7,7 +7,8 @@
 #   1 (~12 min): Llama-1.2B LoRA, vf-rl then trl-compile-liger, then trl-compile-liger then vf-rl
 #   2 (~2 min): Llama-1.2B LoRA profiled with its trace (the step's start and end against av's)
 #   3 (~6 min): Llama-1.2B full, vf-rl then trl-compile-liger
-#   4 (~2 min): the small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled ((av) 0.060 s)
+#   4 (~2 min): Llama-1.2B full profiled with its trace (where (au)'s 26.5 ms of gaps between kernels fall)
+#   5 (~2 min): the small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled ((av) 0.060 s)
 S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }
@@ -28,6 +29,10 @@ timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama
   --prompt-len 256 --completion-len 256 --steps 3 --warmup 2 --no-grad-check --sides vf-rl --profile \
   --trace /tmp/e2e/trace-llama-lora-clean.json.gz > /tmp/e2e/profile-fixed-llama-1b-lora-clean.log 2>&1
 pair llama-1b:full 1 vf-rl trl-compile-liger
+fresh_caches
+timeout 300 python3 benchmarks/trainer_step.py --mode fixed --model-config llama-1b --batch 64 --micro-batch 8 \
+  --prompt-len 256 --completion-len 256 --steps 3 --warmup 2 --no-grad-check --sides vf-rl --profile \
+  --trace /tmp/e2e/trace-llama-full-clean.json.gz > /tmp/e2e/profile-fixed-llama-1b-full-clean.log 2>&1
 fresh_caches
 TAG=clean LIMIT=300 FG=1 bash $S small-step
 echo "plan done"
