@@ -437,7 +437,8 @@ def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mod
 
 def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
     """``[inference] shared``: the warm-up's compile starts once the memory other processes hold on
-    the trainer's GPU (total - free - this process's reserved) reaches 90% of vLLM's share, not when
+    the trainer's GPU (total - free - this process's reserved) reaches 90% of vLLM's share, half of it
+    grown since the first reading (memory an unrelated process held already is not vLLM's), not when
     its server answers; a server that answers first, an unknown share or a CPU trainer: False (the
     compile runs after the server is up); no sign and no answer in time: the server wait's TimeoutError.
     The GPU's memory readings are stand-ins (no GPU here)."""
@@ -470,6 +471,10 @@ def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
     readings[:] = [1, 3, 20, 21.5, 22]  # weights, profiling, then the KV cache: 0.3 x 80 x 0.9 = 21.6 GiB
     assert warmup.server_memory_taken(trainer(0.3), poll_s=0.0) is True and readings == [22]
     assert "vf-vllm holds 22.0 GiB of this GPU" in capsys.readouterr().out
+    # an unrelated process's 30 GiB from the start: not vLLM's (its weights and profiling on top stay waiting)
+    readings[:] = [30, 31, 33, 52, 53]
+    assert warmup.server_memory_taken(trainer(0.3), poll_s=0.0) is True and readings == [53]
+    assert "vf-vllm holds 52.0 GiB" in capsys.readouterr().out
     readings[:] = [21.5]  # stays just under: the server answering first ends the wait
     healthy["now"] = True
     assert warmup.server_memory_taken(trainer(0.3), poll_s=0.0) is False

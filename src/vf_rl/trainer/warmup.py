@@ -64,13 +64,18 @@ def synthetic_batch(rows: list[dict], tokenizer, max_seq_len: int, max_tokens: i
 SHARE_REACHED = 0.9
 """vLLM holds its share once the GPU memory other processes use reaches this much of it (its KV cache,
 the bulk of the share, allocated; the weights and the profiling pass before it stay below)."""
+SHARE_GROWN = 0.5
+"""...and once at least this much of the share appeared after the trainer's first reading: memory an
+unrelated process held already is not vLLM's (counted, it would start the compile while vLLM profiles,
+which then sizes its KV cache around the trainer's allocations)."""
 
 
 def server_memory_taken(trainer, poll_s: float = 0.5) -> bool:
     """``[inference] shared``: wait until the memory the trainer's GPU gives other processes (its
     total less the free and what this process's allocator reserves) reaches :data:`SHARE_REACHED` of
     vLLM's ``gpu_memory_utilization`` share (``trainer.server_shares_gpu``, a float; ``True``: not
-    known), so that compiling now cannot shrink vLLM's KV cache.
+    known), :data:`SHARE_GROWN` of it since the first reading, so that compiling now cannot shrink
+    vLLM's KV cache.
 
     Returns:
         True when it did; False when the share is not known, the trainer is not on a GPU, or a
@@ -82,11 +87,12 @@ def server_memory_taken(trainer, poll_s: float = 0.5) -> bool:
     share, device = trainer.server_shares_gpu, trainer.args.device
     if share is True or not share or device.type != "cuda":
         return False
-    start = time.perf_counter()
+    start, first = time.perf_counter(), None
     while True:
         free, total = torch.cuda.mem_get_info(device)
         others = total - free - torch.cuda.memory_reserved(device)
-        if others >= SHARE_REACHED * share * total:
+        first = others if first is None else first
+        if others >= SHARE_REACHED * share * total and others - first >= SHARE_GROWN * share * total:
             if trainer.is_world_process_zero():
                 print(f"vf-vllm holds {others / 2**30:.1f} GiB of this GPU after {time.perf_counter() - start:.1f} s: "
                       "compiling while it finishes starting", flush=True)
