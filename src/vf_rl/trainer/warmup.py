@@ -67,7 +67,8 @@ the bulk of the share, allocated; the weights and the profiling pass before it s
 SHARE_GROWN = 0.5
 """...and once at least this much of the share appeared after the trainer's first reading: memory an
 unrelated process held already is not vLLM's (counted, it would start the compile while vLLM profiles,
-which then sizes its KV cache around the trainer's allocations)."""
+which then sizes its KV cache around the trainer's allocations). A trainer whose first reading comes after
+vLLM allocated its cache waits for the server to answer instead, as without the signal."""
 
 
 def server_memory_taken(trainer, poll_s: float = 0.5) -> bool:
