@@ -281,8 +281,9 @@ def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch
             if isinstance(value, torch.Tensor):
                 found[(i, f.name, None)] = value
             elif isinstance(value, PackedLayout):
-                found.update({(i, f.name, g): getattr(value, g) for g in _LAYOUT_TENSORS
-                              if getattr(value, g) is not None})
+                for g in _LAYOUT_TENSORS:
+                    if getattr(value, g) is not None:
+                        found[(i, f.name, g)] = getattr(value, g)
     moved: dict[tuple[int, str, str | None], torch.Tensor] = {}
     for dtype in dict.fromkeys(t.dtype for t in found.values()):
         group = {where: t for where, t in found.items() if t.dtype == dtype}
@@ -301,7 +302,7 @@ def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch
         fields = {f.name: moved.get((i, f.name, None), getattr(mb, f.name)) for f in dataclasses.fields(mb)}
         if mb.layout is not None:
             fields["layout"] = dataclasses.replace(mb.layout, **{g: moved[(i, "layout", g)] for g in _LAYOUT_TENSORS
-                                                                 if getattr(mb.layout, g) is not None})
+                                                                 if (i, "layout", g) in moved})
         out.append(MicroBatch(**fields))
     return out
 
