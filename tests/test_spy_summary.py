@@ -4,6 +4,7 @@ busiest thread found by its non-waiting samples, its call tree from where the st
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,18 +43,14 @@ def test_threads_are_read_apart_and_bad_lines_skipped(tmp_path):
                  "sample_tokens (vllm/v1/worker/gpu/model_runner.py:1433)")] == 25
 
 
-def test_the_busiest_thread_is_the_one_not_waiting(tmp_path, capsys):
+def test_the_busiest_thread_is_the_one_not_waiting(tmp_path, capsys, monkeypatch):
     path = tmp_path / "spy.txt"
     path.write_text(RAW)
     spy = _module()
     # every thread has 100 samples; the engine loop's are the only ones not in a wait
     assert [spy._waiting(f) for f in spy.read(path)["thread (1649): Thread-2 (process_output_sockets)"]] == [True]
-    import sys
-    argv, sys.argv = sys.argv, ["spy_summary.py", str(path), "--tree", "0.2"]
-    try:
-        spy.main()
-    finally:
-        sys.argv = argv
+    monkeypatch.setattr(sys, "argv", ["spy_summary.py", str(path), "--tree", "0.2"])
+    spy.main()
     out = capsys.readouterr().out
     tree = out.split("call tree of the busiest thread:\n")[1].splitlines()
     # the chain every sample passes through (run_engine_core) is skipped; shares are of the thread's samples;
