@@ -28,11 +28,7 @@ spy_probe() {  # spy_probe NAME ARGS...: generation.py with --serve and ARGS; py
     timeout $((SPY_S + 30)) $SPY record --pid $p --duration $SPY_S --rate $RATE --threads --idle --format raw \
       --output $OUT/spy-$name-$p.txt > $OUT/spy-$name-$p.log 2>&1 &
   done
-  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader -lms 200 > $OUT/probe-$name.gpu 2>&1 &
-  local smi=$!
-  wait $gen
-  kill $smi 2>/dev/null
-  wait
+  wait  # generation.py reads the GPU's busy share itself (its JSON's gpu_busy)
 }
 spy_probe reverse-text
 AS='{"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1, "max_names_per_turn": 2, "few_shot": 1}'
