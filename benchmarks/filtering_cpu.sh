@@ -13,10 +13,10 @@ for mode in off on; do
   flag=false; [ "$mode" = on ] && flag=true
   sed -e "s|^run_name = .*|run_name = \"filter-$mode\"\noutput_dir = \"$OUT/$mode\"\nvllm_server_port = $PORT\nuse_difficulty_filtering = $flag|" \
       -e "s|^save_steps = .*|save_steps = 1000|" configs/vf-rl/reverse-text-cpu.toml > "$cfg"
-  setsid $PY -m vf_rl.cli.vllm_server @ "$cfg" > "$OUT/$mode-server.log" 2>&1 &
+  setsid $PY -m vf_rl.inference.server @ "$cfg" > "$OUT/$mode-server.log" 2>&1 &
   server=$!
   until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do sleep 2; kill -0 $server || exit 1; done
-  timeout "$WALL" $PY -m vf_rl.cli.train @ "$cfg" > "$OUT/$mode-train.log" 2>&1
+  timeout "$WALL" $PY -m vf_rl.trainer.cli @ "$cfg" > "$OUT/$mode-train.log" 2>&1
   kill -- -$server; wait $server
 done
 $PY - "$OUT" <<'PY'

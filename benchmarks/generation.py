@@ -6,7 +6,7 @@ against a vf-vllm server, for each request path of ``--paths``:
 - ``chat-thread``: one chat completion per rollout, the orchestrator a thread in this process;
 - ``group-thread``: one completion request per group (``env_api/group_sampling.py``), a thread;
 - ``group-process``: one request per group, the orchestrator in its own process (the default
-  of ``vf-train``, ``trainer/orchestrator_process.py``);
+  of ``vf-train``, ``orchestrator/process.py``);
 
 under three conditions:
 
@@ -169,11 +169,11 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from vf_rl import RLConfig, load_environment
-    from vf_rl.cli.eval import start_server
     from vf_rl.env_api import Environment
-    from vf_rl.trainer.batching import prompt_rows
-    from vf_rl.trainer.orchestrator import Orchestrator
-    from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
+    from vf_rl.launcher.eval import start_server
+    from vf_rl.orchestrator.orchestrator import Orchestrator
+    from vf_rl.orchestrator.process import OrchestratorProcess, env_source
+    from vf_rl.orchestrator.samples import prompt_rows
 
     has_gpu = bool(shutil.which("nvidia-smi")) and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0
     modes = (opts.modes or ("idle,busy-thread,gpu-load" if has_gpu else "idle,busy-thread")).split(",")

@@ -227,7 +227,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     start = time.perf_counter()
     log = out / "vf-rl.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "-s",
+        process = subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "-s",
                                     f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT,
                                    env={**os.environ, **side_caches(opts, out, "vf-rl")})
         launch_to_step1 = None
@@ -252,7 +252,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
 
 
 def compile_seconds(trainer_log: str) -> float | None:
-    """The seconds of the trainer's compile before step 1 (``torch_compile``, ``trainer/warmup.py``'s
+    """The seconds of the trainer's compile before step 1 (``torch_compile``, ``trainer/speed/warmup.py``'s
     ``compiled in`` line) in a trainer log, None without one (not compiled, or the warm-up failed)."""
     found = re.search(r"torch_compile: compiled in ([0-9.]+) s", trainer_log)
     return float(found.group(1)) if found else None
@@ -270,7 +270,7 @@ from peft import LoraConfig
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 from vf_rl import load_environment
-from vf_rl.trainer.batching import prompt_rows
+from vf_rl.orchestrator.samples import prompt_rows
 
 env = load_environment(opts["env"], **opts["env_args"])
 tokenizer = AutoTokenizer.from_pretrained(opts["model"])
@@ -296,7 +296,7 @@ def rubric_reward(prompts, completions, answer, info, task, **kwargs):
 # --- multi-turn environments: TRL's rollout_func runs the environment's own turn loop -----------------
 from types import SimpleNamespace
 from vf_rl.env_api import Rollout
-from vf_rl.trainer.batching import rollout_to_samples
+from vf_rl.orchestrator.samples import rollout_to_samples
 
 def template_ids(messages):
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -582,8 +582,8 @@ def varlen_flash_attn(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, ma
     """
     import torch
 
-    from vf_rl.trainer.attention import _layout_attention
-    from vf_rl.trainer.packing import PackedLayout
+    from vf_rl.trainer.speed.attention import _layout_attention
+    from vf_rl.trainer.speed.packing import PackedLayout
 
     if not causal or tuple(window_size) != (-1, -1) or softcap:
         raise NotImplementedError("varlen_flash_attn: causal attention without a window or softcap only")

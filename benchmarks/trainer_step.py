@@ -35,7 +35,7 @@ timed step is, per side:
 
 Loss normalisation (both: DAPO-style token-level, one optimizer batch):
 
-* vf-rl (``src/vf_rl/trainer/loss.py``): ``loss = sum_t keep_t * (-r_t * A) / N`` with
+* vf-rl (``src/vf_rl/algorithm/loss.py``): ``loss = sum_t keep_t * (-r_t * A) / N`` with
   ``r_t = exp(logp_t - logp_sampling_t)`` (gradient flows through ``r``, so
   ``grad = -r * A * grad logp``); tokens with ``r`` outside ``[mask_ratio_low, mask_ratio_high]``
   (0.125, 8) are dropped; ``N`` = loss tokens of the whole batch (all micro batches and
@@ -116,7 +116,7 @@ import transformers  # noqa: E402
 from learning import trl_options  # noqa: E402  (benchmarks/learning.py: trl[-compile][-liger] -> GRPOConfig keys)
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
 
-from vf_rl.trainer.batching import Sample  # noqa: E402
+from vf_rl.orchestrator.samples import Sample  # noqa: E402
 
 STARTED = time.perf_counter()
 """When the module loaded: the progress lines say how far into the run each side starts."""
@@ -168,10 +168,10 @@ vf-rl-stack-cudagraphs: that region as inductor's CUDA graphs (``compile_stack``
 and micro batches packed and padded to a few shapes. On the CPU inductor skips the CUDA graphs.
 vf-rl-layer-graphs: ``torch_compile_mode = "reduce-overhead"``, the trainer's own path: the per-layer
 compile, the layers' forward and backward then recorded as one CUDA graph each per padded shape
-(``vf_rl.trainer.layer_graphs``) and micro batches padded as for the stack's graphs.
+(``vf_rl.trainer.speed.layer_graphs``) and micro batches padded as for the stack's graphs.
 vf-rl-stack-autotune: ``torch_compile_mode = "max-autotune"``, the trainer's own path: the stack's
 CUDA graphs, inductor also benchmarking matmul kernels at compile time (a longer first step).
-vf-rl-unfused: the defaults without ``vf_rl.trainer.fusion`` (each projection its own product)."""
+vf-rl-unfused: the defaults without ``vf_rl.trainer.speed.fusion`` (each projection its own product)."""
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -497,8 +497,8 @@ class VfSide:
     def _build_trainer(self, model, tokenizer, out_dir):
         from vf_rl.config.rl_config import RLConfig
         from vf_rl.env_api import load_environment
-        from vf_rl.trainer import fusion
-        from vf_rl.trainer.orchestrator import Batch
+        from vf_rl.orchestrator.orchestrator import Batch
+        from vf_rl.trainer.speed import fusion
         from vf_rl.trainer.trainer import RLTrainer
 
         fusion.ENABLED = self.name != "vf-rl-unfused"  # read as this side's layers are set to compile (its build)

@@ -55,7 +55,7 @@ def start_server(model: str, port: int, log: Path, lora: bool) -> subprocess.Pop
     """vf-vllm on GPU 0; with runtime LoRA loading when ``lora`` (vLLM 0.26 cannot reload full
     weights into a LoRA-enabled server, so the merged-weight transports get a plain one)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "0"}
-    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model, "--port", str(port), "--enforce-eager",
+    argv = [sys.executable, "-m", "vf_rl.inference.server", "--model", model, "--port", str(port), "--enforce-eager",
             "--max-model-len", "1024", "--gpu-memory-utilization", "0.4"]
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]

@@ -6,7 +6,7 @@ From Python:                                    RLTrainer(model, env, args, loss
 
 import torch
 
-from vf_rl.trainer.loss import LossInputs, LossOutput, log_importance_ratio, policy_stats
+from vf_rl.algorithm.loss import LossInputs, LossOutput, log_importance_ratio, policy_stats
 
 
 def gspo_loss(inputs: LossInputs, args) -> LossOutput:

@@ -69,8 +69,8 @@ def expected_rows(config_path: Path) -> list[list]:
     from transformers import AutoTokenizer
 
     from vf_rl import load_environment
-    from vf_rl.trainer.batching import prompt_rows
-    from vf_rl.trainer.orchestrator import batch_rows
+    from vf_rl.orchestrator.orchestrator import batch_rows
+    from vf_rl.orchestrator.samples import prompt_rows
 
     config = load_config(config_path)
     a = config.trainer.args
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     next_server = start + rng.expovariate(1 / opts.server_every)
     next_trainer = start + rng.expovariate(1 / opts.trainer_every)
     while True:
-        argv = [sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"]
+        argv = [sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"]
         if launches and any(run_dir.glob("checkpoint-*")):  # killed before the first checkpoint: start over
             argv.insert(-1, "--resume")
         launches += 1
@@ -129,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
             now = time.monotonic()
             logged = [r["step"] for r in jsonl(run_dir / "metrics.jsonl") if "reward" in r]
             if now < stop_disturbing and logged and now >= next_server:
-                for pid in pids(f"vf-vllm @ {resolved}|vf_rl.cli.vllm_server @ {resolved}")[:1]:
+                for pid in pids(f"vf-vllm @ {resolved}|vf_rl.inference.server @ {resolved}")[:1]:
                     kill_tree(pid)
                     kills["server"] += 1
                     print(f"soak: {now - start:.0f} s: killed the inference server (after step {max(logged)})",
                           flush=True)
                 next_server = now + rng.expovariate(1 / opts.server_every)
             if now < stop_disturbing and logged and now >= next_trainer:
-                for pid in pids(f"vf_rl.cli.train @ {resolved}|vf-train @ {resolved}")[:1]:
+                for pid in pids(f"vf_rl.trainer.cli @ {resolved}|vf-train @ {resolved}")[:1]:
                     os.kill(pid, signal.SIGKILL)
                     kills["trainer"] += 1
                     print(f"soak: {now - start:.0f} s: killed the trainer (after step {max(logged)})", flush=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from vf_rl.cli.cpus import SERVER_CORES_ENV, TRAINER_CORES_ENV, format_cpu_list, split_cpu_cores
+from vf_rl.config.cpus import SERVER_CORES_ENV, TRAINER_CORES_ENV, format_cpu_list, split_cpu_cores
 
 
 def worker_cores() -> list[int]:
@@ -30,7 +30,7 @@ def worker_cores() -> list[int]:
 
 
 # The servers the tests start get the first half of this process's cores and every vf-train they run
-# the rest, as `vf-rl` splits a CPU run (vf_rl.cli.cpus): both on every core, their OpenMP threads wait
+# the rest, as `vf-rl` splits a CPU run (vf_rl.config.cpus): both on every core, their OpenMP threads wait
 # on each other and a step of the CPU demo's size took 50 s instead of 9. Two xdist workers on two
 # cores each keep to their own core (server, trainer and the worker's own torch): spread over both,
 # one worker's threads spin while the other's compute, and some tests ran five times slower.
@@ -91,7 +91,7 @@ def die_with_this_thread() -> None:
 
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
-    from vf_rl.cli.prepare_model import default_model_dir, prepare
+    from vf_rl.launcher.prepare_model import default_model_dir, prepare
 
     return prepare(default_model_dir())
 
@@ -126,7 +126,7 @@ def start_server(model_dir: Path, workdir: Path, *extra: str, env: dict | None =
     log = workdir / "server.log"
     env = {**os.environ, "VLLM_CACHE_ROOT": str(workdir / "cache"), "PYTHONUNBUFFERED": "1",
            **({SERVER_CORES_ENV: CORES[0]} if CORES and SERVER_CORES_ENV not in os.environ else {}), **(env or {})}
-    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--port", str(port),
+    argv = [sys.executable, "-m", "vf_rl.inference.server", "--model", str(model_dir), "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", *extra]
     wait_for_memory()
     # the death signal follows the thread that starts the server: only the main thread lives for the session
@@ -190,7 +190,7 @@ def run_vf_eval(server: Server, env_id: str, env_args: dict, out: Path, max_toke
     """``vf-eval ENV_ID`` against the session's server: 2 examples x 2 rollouts, rollouts to ``out``."""
     import json
 
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", env_id, "-m", server.model,
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.eval", env_id, "-m", server.model,
                            "--base-url", f"{server.base_url}/v1", "-n", "2", "-r", "2", "-t", str(max_tokens),
                            "-a", json.dumps(env_args), "-o", str(out)], capture_output=True, text=True, timeout=timeout)
 

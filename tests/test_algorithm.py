@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import write_cpu_config
 
-from vf_rl.trainer.loss import LossInputs, LossOutput, micro_batch_loss
+from vf_rl.algorithm.loss import LossInputs, LossOutput, micro_batch_loss
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -53,8 +53,8 @@ def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
 
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.batching import Sample
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.orchestrator.samples import Sample
 
     calls = []
 
@@ -83,7 +83,7 @@ def run_vf_train(config: Path, out: Path, pythonpath: str | None = None) -> list
     env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], capture_output=True,
                             text=True, env=env, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
+from vf_rl.algorithm.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
 from vf_rl.config.rules import ConfigError
 from vf_rl.env_api import Rollout, Turn
-from vf_rl.trainer.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
-from vf_rl.trainer.batching import Sample, exceeds_max_seq_len, micro_batches, rollout_to_samples, shard
+from vf_rl.orchestrator.samples import Sample, exceeds_max_seq_len, rollout_to_samples
+from vf_rl.trainer.batching import micro_batches, shard
 
 
 def rollouts(rewards, lengths=None):
@@ -53,7 +54,7 @@ def test_advantage_inputs_carry_lengths_and_resolve_by_name():
     advantages = compute_advantages(length_penalty, rollouts([1.0, 0.0], lengths=[3, 5]), 2)
     assert seen["tokens"] == [[3, 5]] and advantages == pytest.approx([0.5 - 0.03, -0.5 - 0.05])
     assert set(ADVANTAGES) == {"group_mean", "group_mean_std"} and get_advantage("group_mean_std") is group_mean_std
-    assert get_advantage("vf_rl.trainer.advantage:group_mean") is group_mean
+    assert get_advantage("vf_rl.algorithm.advantage:group_mean") is group_mean
     with pytest.raises(ConfigError, match="advantage_type: expected one of group_mean, group_mean_std"):
         get_advantage("std")
 
@@ -135,8 +136,8 @@ def test_sample_table_prints_to_the_current_stdout(monkeypatch):
     (a notebook's, a test's capture) gets it, and a closed earlier one is not written to."""
     import io
 
+    from vf_rl.orchestrator.orchestrator import Batch
     from vf_rl.trainer.display import sample_table
-    from vf_rl.trainer.orchestrator import Batch
 
     batch = Batch(step=0, samples=[], row_ids=[7],
                   rollouts=[Rollout(example_id=7, prompt=[{"role": "user", "content": "Reverse: abc"}],

@@ -5,7 +5,7 @@ import pytest
 import torch
 from test_packing import group_samples
 
-from vf_rl.trainer.logprobs import selective_logprobs
+from vf_rl.trainer.speed.logprobs import selective_logprobs
 
 
 def _trainer(model_dir, tmp_path, name, tokenizer, env, **keys):
@@ -39,8 +39,8 @@ def test_compiled_layers_train_like_the_eager_ones(model_dir, tmp_path):
     from transformers import AutoTokenizer
 
     from vf_rl.env_api import load_environment
+    from vf_rl.orchestrator.orchestrator import Batch
     from vf_rl.trainer.model import decoder_layers
-    from vf_rl.trainer.orchestrator import Batch
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -124,8 +124,8 @@ def _cpu_varlen():
     bound the real segments (the kernel's contract) and keeps the bounds it got in ``calls``."""
     from torch.library import custom_op
 
-    from vf_rl.trainer.attention import segment_attention
-    from vf_rl.trainer.packing import PackedLayout
+    from vf_rl.trainer.speed.attention import segment_attention
+    from vf_rl.trainer.speed.packing import PackedLayout
 
     def segments(q, k, v, cu_q, cu_k):
         cq, ck = cu_q.tolist(), cu_k.tolist()
@@ -183,10 +183,10 @@ def test_packed_attention_traces_into_the_compiled_layer(monkeypatch, max_seq_le
     from torch._dynamo.utils import counters
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vf_rl.trainer import attention
-    from vf_rl.trainer.logprobs import _no_mask
     from vf_rl.trainer.model import compile_layers
-    from vf_rl.trainer.packing import packed_micro_batch
+    from vf_rl.trainer.speed import attention
+    from vf_rl.trainer.speed.logprobs import _no_mask
+    from vf_rl.trainer.speed.packing import packed_micro_batch
 
     varlen, calls = _cpu_varlen()
     monkeypatch.setattr(attention, "_VARLEN", varlen)
@@ -235,8 +235,8 @@ def test_compiling_before_the_first_step_leaves_the_step_nothing_to_compile(mode
     from transformers import AutoTokenizer
 
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.orchestrator import Batch
-    from vf_rl.trainer.warmup import warm_up
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.trainer.speed.warmup import warm_up
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -293,10 +293,10 @@ def test_the_stack_region_compiles_once_for_packed_rows(monkeypatch, max_seq_len
     from torch._dynamo.utils import counters
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from vf_rl.trainer import attention
-    from vf_rl.trainer.logprobs import _no_mask
     from vf_rl.trainer.model import compile_stack
-    from vf_rl.trainer.packing import packed_micro_batch
+    from vf_rl.trainer.speed import attention
+    from vf_rl.trainer.speed.logprobs import _no_mask
+    from vf_rl.trainer.speed.packing import packed_micro_batch
 
     monkeypatch.setattr(attention, "_VARLEN", _cpu_varlen()[0])
     monkeypatch.setattr(attention, "_VARLEN_PARAMS", ("is_causal",))
@@ -386,10 +386,10 @@ def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mod
     and the step's loss, statistics and adapter gradients equal the eager trainer's."""
     from transformers import AutoTokenizer
 
+    from vf_rl.config.shape_grid import bucket
     from vf_rl.env_api import load_environment
+    from vf_rl.orchestrator.orchestrator import Batch
     from vf_rl.trainer.model import base_model, decoder_layers
-    from vf_rl.trainer.orchestrator import Batch
-    from vf_rl.trainer.shape_grid import bucket
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -444,7 +444,7 @@ def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
     The GPU's memory readings are stand-ins (no GPU here)."""
     from types import SimpleNamespace
 
-    from vf_rl.trainer import warmup
+    from vf_rl.trainer.speed import warmup
 
     total, gib = 80 * 2**30, 2**30
     readings = []  # GiB other processes hold, one per poll
@@ -486,7 +486,7 @@ def test_a_shared_gpu_compiles_once_vllm_holds_its_share(monkeypatch, capsys):
 
 
 def test_projections_on_one_input_compile_as_one_product(model_dir, monkeypatch):
-    """``trainer/fusion.py`` in a compiled SmolLM2 decoder layer with a LoRA adapter: the frozen q, k
+    """``trainer/speed/fusion.py`` in a compiled SmolLM2 decoder layer with a LoRA adapter: the frozen q, k
     and v projections become one product, and so do the adapter's ``A`` matrices on the attention's
     input and on the MLP's (the gate and up projections, wider than their input, stay apart); the
     layer's output and gradients equal the eager layer's, and its backward keeps no more tensors
@@ -497,8 +497,8 @@ def test_projections_on_one_input_compile_as_one_product(model_dir, monkeypatch)
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from vf_rl.trainer import fusion
     from vf_rl.trainer.model import _compile_region
+    from vf_rl.trainer.speed import fusion
 
     monkeypatch.setattr(inductor_config, "force_disable_caches", True)  # a cache hit would skip the pass
     torch.manual_seed(0)

@@ -128,7 +128,7 @@ CASES = {
     "report_to unsupported": (with_arg('report_to = "tensorbord"'), "trainer.args.report_to", "expected one of none, wandb"),
     "output_dir under /proc": (with_arg('output_dir = "/proc/vf-rl-run"'), "trainer.args.output_dir",
                                "cannot write to /proc"),
-    "loss function typo": (with_arg('loss_type = "vf_rl.trainer.loss:cispo_los"'), "trainer.args.loss_type",
+    "loss function typo": (with_arg('loss_type = "vf_rl.algorithm.loss:cispo_los"'), "trainer.args.loss_type",
                            "has no function 'cispo_los' (did you mean 'cispo_loss'?)"),
     "advantage module missing": (with_arg('advantage_type = "no_such_module:f"'), "trainer.args.advantage_type",
                                  "cannot import module 'no_such_module'"),
@@ -147,7 +147,7 @@ assert ENTRY_POINT_CASES <= set(CASES)
 
 
 def run(args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=60)
 
 
@@ -174,7 +174,7 @@ def test_bad_config(case, tmp_path):
     if case not in ENTRY_POINT_CASES:
         return
     # the same validation guards vf-train and vf-vllm
-    for module in ("vf_rl.cli.train", "vf_rl.cli.vllm_server"):
+    for module in ("vf_rl.trainer.cli", "vf_rl.inference.server"):
         other = subprocess.run([sys.executable, "-m", module, "@", str(path)], capture_output=True, text=True,
                                cwd=tmp_path, timeout=120)
         assert_one_line_error(other, needle)
@@ -216,7 +216,7 @@ def test_port_in_time_wait_is_free():
     with SO_REUSEADDR, as vLLM's server does: not refused."""
     import socket
 
-    from vf_rl.cli.ports import check_port_free
+    from vf_rl.launcher.ports import check_port_free
 
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -479,7 +479,7 @@ AGREE_REJECT = {
     "mask ratio bounds": ({"mask_ratio_low": 2.0}, "mask_ratio_low/high"),
     "epsilon bounds": ({"epsilon_low": 1.5}, "epsilon_low/high"),
     "unknown loss": ({"loss_type": "ppo"}, "loss_type: expected one of cispo, dapo or 'module:function'"),
-    "loss function typo": ({"loss_type": "vf_rl.trainer.loss:cispo_los"}, "loss_type: module 'vf_rl.trainer.loss' "
+    "loss function typo": ({"loss_type": "vf_rl.algorithm.loss:cispo_los"}, "loss_type: module 'vf_rl.algorithm.loss' "
                                                                           "has no function 'cispo_los'"),
     "output_dir under /proc": ({"output_dir": "/proc/vf-rl-run"}, "output_dir: cannot write to /proc"),
     "unknown advantage": ({"advantage_type": "std"}, "advantage_type: expected one of group_mean, group_mean_std"),
@@ -553,9 +553,9 @@ AGREE_ACCEPT = {
     "padded micro batches": {"padding_free": False},
     "token budget": {"micro_batch_tokens": 4096},
     "dapo, grpo advantage": {"loss_type": "dapo", "advantage_type": "group_mean_std", "epsilon_high": 0.4},
-    "own functions": {"loss_type": "vf_rl.trainer.loss:cispo_loss",
-                      "advantage_type": "vf_rl.trainer.advantage:group_mean_std"},
-    "own loss reads any loss key": {"loss_type": "vf_rl.trainer.loss:dapo_loss", "epsilon_high": 0.4,
+    "own functions": {"loss_type": "vf_rl.algorithm.loss:cispo_loss",
+                      "advantage_type": "vf_rl.algorithm.advantage:group_mean_std"},
+    "own loss reads any loss key": {"loss_type": "vf_rl.algorithm.loss:dapo_loss", "epsilon_high": 0.4,
                                     "mask_ratio_high": 4.0},
     "a choice's keys at their defaults": {"loss_type": "dapo", "mask_ratio_low": 0.125},
     "recipe keys": {"use_difficulty_filtering": True, "difficulty_min_reward": 0.0, "difficulty_max_reward": 1.0,
@@ -697,7 +697,7 @@ LLAMA_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32,
 
 
 def test_shared_split_follows_the_model_and_the_sequences():
-    from vf_rl.memory import GIB, ModelShape, inference_bytes_needed, shared_memory_utilization
+    from vf_rl.config.memory import GIB, ModelShape, inference_bytes_needed, shared_memory_utilization
 
     big = ModelShape.from_config(LLAMA_8B)
     small = ModelShape.from_config({"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,

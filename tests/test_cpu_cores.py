@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from vf_rl.cli import cpus
-from vf_rl.cli.launch import build_commands
+from vf_rl.config import cpus
 from vf_rl.config.schema import load_config
+from vf_rl.launcher.launch import build_commands
 
 CONFIG = '''
 model = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -65,7 +65,7 @@ def test_launcher_splits_cores_only_when_both_sides_are_on_the_cpu(tmp_path, fou
 
 def test_trainer_pins_itself_and_sizes_torch_threads_before_torch_starts():
     core = max(os.sched_getaffinity(0))
-    code = ("import os; from vf_rl.cli.cpus import apply_trainer_cores; apply_trainer_cores(); import torch; "
+    code = ("import os; from vf_rl.config.cpus import apply_trainer_cores; apply_trainer_cores(); import torch; "
             "print(sorted(os.sched_getaffinity(0)), torch.get_num_threads())")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -80,7 +80,7 @@ def test_trainer_pins_itself_and_sizes_torch_threads_before_torch_starts():
 def test_vf_train_rejects_bad_cores_in_one_line(tmp_path, value, message):
     path = tmp_path / "c.toml"
     path.write_text(CONFIG.format(inf=0, train=0))
-    run = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(path)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(path)], capture_output=True, text=True,
                          timeout=120, env={**os.environ, cpus.TRAINER_CORES_ENV: value})
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and message in run.stderr and "Traceback" not in run.stderr
@@ -94,7 +94,7 @@ def test_vf_train_pins_itself_before_the_config_check_imports_torch(tmp_path):
         pytest.skip("needs two cores: with one, every thread pool has one thread")
     path = tmp_path / "c.toml"
     path.write_text(CONFIG.format(inf=0, train=0).replace("[trainer.args]", "[trainer.args]\nseed = 7"))
-    code = ("import sys; from vf_rl.cli import train\n"
+    code = ("import sys; from vf_rl.trainer import cli as train\n"
             "def checked(path):\n"
             "    config = load(path); import torch; print('threads', torch.get_num_threads()); sys.exit(0)\n"
             "load, train.load_config = train.load_config, checked\n"
@@ -112,7 +112,7 @@ def test_vf_vllm_asks_for_a_gpu_through_nvml_and_leaves_the_setting_as_it_was(mo
     vLLM's engine from being forked from it) and restores the variable afterwards."""
     import torch
 
-    from vf_rl.cli.vllm_server import gpu_visible
+    from vf_rl.inference.server import gpu_visible
 
     if before is None:
         monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
@@ -131,7 +131,7 @@ def test_vf_vllm_asks_for_a_gpu_through_nvml_and_leaves_the_setting_as_it_was(mo
 def test_vf_vllm_forks_vllm_engine_on_a_gpu_unless_told_otherwise(monkeypatch, cpu, before, after):
     """On a GPU vf-vllm has vLLM fork its engine process (a spawned one imports vLLM again, 15-17 s
     of a cold start); a value the user set stays, and on the CPU vLLM's CLI default (spawn) stays."""
-    from vf_rl.cli.vllm_server import engine_start_method
+    from vf_rl.inference.server import engine_start_method
 
     if before is None:
         monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)

@@ -95,7 +95,7 @@ def test_vf_eval_on_a_classic_environment_with_string_prompts(server, tmp_path):
         "                            for w in ('hi', 'yo')])\n"
         "    return vf.SingleTurnEnv(dataset=ds, rubric=vf.Rubric(funcs=[lambda info, **kw: float(info['k'])]))\n")
     out = tmp_path / "eval.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "string_prompts", "-m", server.model, "-n", "2",
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.eval", "string_prompts", "-m", server.model, "-n", "2",
                              "-r", "2", "-t", "4", "--base-url", f"{server.base_url}/v1", "-o", str(out)],
                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

@@ -27,7 +27,7 @@ def test_two_trainer_processes_share_each_batch(server, model_dir, tmp_path, res
     config = write_cpu_config(tmp_path / "ddp.toml", model_dir, out, server.port, run_name="ddp", **RUN)
     # torchrun is what `accelerate launch` runs on GPUs; on the CPU the processes talk through gloo
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "-m", "vf_rl.cli.train", "@", str(config)],
+                             "-m", "vf_rl.trainer.cli", "@", str(config)],
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -56,7 +56,7 @@ def test_zero3_trainer_processes_gather_weights_for_the_sync(server, model_dir, 
                               learning_rate=1e-3, deepspeed=str(zero3), **RUN)
     env = {**os.environ, "DS_ACCELERATOR": "cpu"}
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                             "-m", "vf_rl.cli.train", "@", str(config)],
+                             "-m", "vf_rl.trainer.cli", "@", str(config)],
                             capture_output=True, text=True, timeout=900, env=env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]

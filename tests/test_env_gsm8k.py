@@ -51,7 +51,7 @@ def test_synthetic_sample_is_consistent():
 def test_worked_solutions_are_what_vf_sft_trains_on_and_score_1(env):
     """Each row's ``completion`` is its solution without calculator notes, ending in the boxed
     answer the rubric rewards; vf-sft's rows from ``[env] id = "gsm8k"`` are exactly those."""
-    from vf_rl.sft import load_rows
+    from vf_rl.sft.train import load_rows
 
     assert gsm8k.worked_solution("4*6 = <<4*6=24>>24 eggs\n#### 24") == "4*6 = 24 eggs\n\\boxed{24}"
     assert gsm8k.worked_solution("#### 1,200") == "\\boxed{1200}"

@@ -192,7 +192,7 @@ def test_prompt_rows_take_string_prompts(model_dir):
     user message (the trainer's prompt filter and batches)."""
     from transformers import AutoTokenizer
 
-    from vf_rl.trainer.batching import prompt_rows
+    from vf_rl.orchestrator.samples import prompt_rows
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = prompt_rows([{"prompt": "reverse me", "answer": "em esrever"}], tokenizer, 512)

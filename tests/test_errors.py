@@ -14,7 +14,7 @@ from conftest import free_port, write_cpu_config
 from vf_rl.env_api import Parser, Rubric, SingleTurnEnv
 from vf_rl.env_api.environment import Rollout, set_error
 from vf_rl.env_api.errors import KINDS, RewardFunctionError, describe, kind_of, kind_of_names
-from vf_rl.metrics import rollout_metrics
+from vf_rl.orchestrator.metrics import rollout_metrics
 
 
 def refused_connection() -> Exception:
@@ -111,7 +111,7 @@ def test_a_batch_where_every_rollout_fails_ends_vf_train_in_one_line(server, mod
     config = write_cpu_config(tmp_path / "fails.toml", model_dir, tmp_path / "run", server.port, env_id="always_fails",
                               env_args={}, batch_size=4, rollouts_per_example=2, micro_batch_size=4, max_steps=2,
                               max_tokens=4)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], cwd=tmp_path,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
     assert ("vf-train: error: every rollout of batch 0 failed; the first (reward error): reward function needs_score "

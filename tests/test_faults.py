@@ -26,7 +26,7 @@ from vf_rl.parent_watch import kill_tree
 
 
 def launch(config: Path, session: str, cwd: Path, timeout: float = 900) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "-s", session, "--wait"],
+    return subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
 
 
@@ -40,7 +40,7 @@ def jsonl(path: Path) -> list[dict]:
 def server_pids(out: Path) -> list[int]:
     """The vf-vllm processes of the run whose output_dir is ``out`` (they read its resolved.toml)."""
     resolved = out.resolve() / "resolved.toml"
-    found = subprocess.run(["pgrep", "-f", f"(vf_rl.cli.vllm_server|vf-vllm) @ {resolved}"], capture_output=True,
+    found = subprocess.run(["pgrep", "-f", f"(vf_rl.inference.server|vf-vllm) @ {resolved}"], capture_output=True,
                            text=True).stdout.split()
     return [int(pid) for pid in found]
 
@@ -110,7 +110,7 @@ def test_server_killed_mid_run_is_restarted_and_no_step_is_lost(server, model_di
     common = dict(batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_steps=4, max_tokens=8, save_steps=50)
     # the undisturbed reference: the same config against the session's server
     reference = write_cpu_config(tmp_path / "ref.toml", model_dir, tmp_path / "ref", server.port, **common)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(reference)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(reference)], capture_output=True,
                             text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert load_config(tmp_path / "ref" / "resolved.toml").trainer.args["max_steps"] == 4  # vf-train alone writes it

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.gpu,
 def model_dir() -> str:
     path = os.environ.get("VF_RL_GPU_MODEL")
     if not path:
-        from vf_rl.cli.prepare_model import default_model_dir
+        from vf_rl.launcher.prepare_model import default_model_dir
 
         path = str(default_model_dir())
     return path
@@ -43,7 +43,7 @@ def _serve(model_dir: str, workdir: Path, lora: bool, gpu: str = "0", *extra: st
     port = free_port()
     log = workdir / "server.log"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu}
-    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model_dir, "--port", str(port),
+    argv = [sys.executable, "-m", "vf_rl.inference.server", "--model", model_dir, "--port", str(port),
             "--enforce-eager", "--max-model-len", "1024", "--gpu-memory-utilization", "0.3"]
     if lora:
         argv += ["--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
@@ -91,8 +91,9 @@ def sampled(port: int, model: str, n: int = 8):
 
 def logprob_diff(model, rollouts, pad_token_id) -> tuple[float, float]:
     """(mean, max) |trainer - server| log-prob over the sampled tokens (``model`` on any GPU)."""
-    from vf_rl.trainer.batching import micro_batches, rollout_to_samples
-    from vf_rl.trainer.logprobs import selective_logprobs
+    from vf_rl.orchestrator.samples import rollout_to_samples
+    from vf_rl.trainer.batching import micro_batches
+    from vf_rl.trainer.speed.logprobs import selective_logprobs
 
     samples = [s for r in rollouts for s in rollout_to_samples(r.turns, 0.0, 1024)]
     diffs = []
@@ -240,7 +241,7 @@ def test_two_servers_feed_one_trainer(plain_server, second_server, model_dir, tm
             "max_steps": 3, "batch_size": 64, "rollouts_per_example": 8, "micro_batch_size": 16, "max_tokens": 32,
             "max_seq_len": 512, "learning_rate": 2e-3, "save_steps": 1}}}))
     start = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], capture_output=True, text=True,
+    run = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], capture_output=True, text=True,
                          env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"}, timeout=600)
     wall = time.perf_counter() - start
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -1,5 +1,5 @@
 """One request per group (env_api/group_sampling.py) and the orchestrator in its own process
-(trainer/orchestrator_process.py), against the session's real vf-vllm server."""
+(orchestrator/process.py), against the session's real vf-vllm server."""
 
 from __future__ import annotations
 
@@ -18,14 +18,14 @@ from vf_rl.env_api.environment import Environment, Turn
 from vf_rl.env_api.errors import ModelServerError
 from vf_rl.env_api.group_sampling import completion_args
 from vf_rl.inference.client import openai_client
-from vf_rl.trainer.batching import prompt_rows
-from vf_rl.trainer.orchestrator import Orchestrator, batch_rows
-from vf_rl.trainer.orchestrator_process import (
+from vf_rl.orchestrator.orchestrator import Orchestrator, batch_rows
+from vf_rl.orchestrator.process import (
     OrchestratorProcess,
     begin_orchestrator,
     env_source,
     start_orchestrator,
 )
+from vf_rl.orchestrator.samples import prompt_rows
 
 
 def reverse_text():
@@ -271,8 +271,8 @@ import os, sys
 print("top level ran", flush=True)  # no main guard: spawn must not run this again
 from transformers import AutoTokenizer
 from vf_rl.env_api import load_environment
-from vf_rl.trainer.batching import prompt_rows
-from vf_rl.trainer.orchestrator_process import OrchestratorProcess, env_source
+from vf_rl.orchestrator.samples import prompt_rows
+from vf_rl.orchestrator.process import OrchestratorProcess, env_source
 env = load_environment("reverse-text", few_shot=2, source="offline")
 rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(sys.argv[2]), 512)[:4]
 options = dict(base_url=sys.argv[1], model_name=sys.argv[2], batch_size=2, rollouts_per_example=2,

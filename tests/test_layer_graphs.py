@@ -1,4 +1,4 @@
-"""vf_rl.trainer.layer_graphs (CUDA graphs recorded by hand over the decoder layers) and
+"""vf_rl.trainer.speed.layer_graphs (CUDA graphs recorded by hand over the decoder layers) and
 scripts/gpu/layer_graphs_check.py, on the CPU: ``torch.cuda.make_graphed_callables`` cannot record
 here, so a stand-in takes its place that does what torch's does to a module (replaces its
 ``forward`` with a replay, which accepts inputs of the recorded shapes only) and replays by
@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts" / "gpu"))
 import layer_graphs_check as check  # noqa: E402
 
-from vf_rl.trainer import layer_graphs  # noqa: E402
+from vf_rl.trainer.speed import layer_graphs  # noqa: E402
 
 
 @pytest.fixture
@@ -109,9 +109,9 @@ def test_the_trainer_replays_recorded_layers_as_it_trains_eagerly(stand_in, monk
     from transformers import AutoTokenizer
 
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.logprobs import selective_logprobs
+    from vf_rl.orchestrator.orchestrator import Batch
     from vf_rl.trainer.model import record_layer_graphs
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.trainer.speed.logprobs import selective_logprobs
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -185,7 +185,7 @@ def test_only_a_plain_loop_over_the_layers_is_recorded(stand_in, variant):
     returning its hidden states alone; other loops run the layers as they are, with the same
     results; a loop that changes after its recording fails loudly instead of replaying; past
     ``max_shapes`` nothing more records."""
-    from vf_rl.trainer.packing import PackedLayout
+    from vf_rl.trainer.speed.packing import PackedLayout
 
     torch.manual_seed(0)
     layers = [_Toy().train() for _ in range(3)]
@@ -223,7 +223,7 @@ def test_a_recording_keeps_the_layouts_bound(stand_in):
     """The layers a recording replays get the layout's run-wide ``bound`` (what the compiled layer
     passes the varlen kernel for its longest segments), and a layout of the same shapes with
     another bound records a graph of its own, never replaying one recorded for a smaller bound."""
-    from vf_rl.trainer.packing import PackedLayout
+    from vf_rl.trainer.speed.packing import PackedLayout
 
     seen = []
 
@@ -248,7 +248,7 @@ def test_a_recording_that_fails_leaves_the_layers_compiled(stand_in, monkeypatch
     """A capture that raises (a layer reading a value on the host, or no memory for the recording's
     warm-up passes) is reported in one line; the pass and every later one run the layers as they are,
     with the same results, and nothing is recorded again."""
-    from vf_rl.trainer.packing import PackedLayout
+    from vf_rl.trainer.speed.packing import PackedLayout
 
     tries = []
 

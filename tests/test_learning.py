@@ -24,7 +24,7 @@ MARGIN = 0.05
 
 
 def train(config):
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], capture_output=True,
                             text=True, timeout=1500)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-3000:])
     return result

@@ -7,9 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vf_rl.config.rules import ConfigError
-from vf_rl.trainer.logprobs import policy_logprobs, selective_logprobs
-from vf_rl.trainer.loss import (
+from vf_rl.algorithm.loss import (
     LOSSES,
     LossInputs,
     cispo_loss,
@@ -17,6 +15,8 @@ from vf_rl.trainer.loss import (
     get_loss,
     micro_batch_loss,
 )
+from vf_rl.config.rules import ConfigError
+from vf_rl.trainer.speed.logprobs import policy_logprobs, selective_logprobs
 
 ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0)
 
@@ -176,13 +176,13 @@ def test_dapo_gradient_is_zero_exactly_where_the_clip_binds():
 def test_losses_resolve_by_name_and_module_path():
     assert get_loss("cispo") is cispo_loss and get_loss("dapo") is dapo_loss
     assert set(LOSSES) == {"cispo", "dapo"}
-    assert get_loss("vf_rl.trainer.loss:dapo_loss") is dapo_loss
+    assert get_loss("vf_rl.algorithm.loss:dapo_loss") is dapo_loss
     with pytest.raises(ConfigError, match="loss_type: expected one of cispo, dapo"):
         get_loss("ppo")
     with pytest.raises(ConfigError, match="loss_type: cannot import module 'no_such_module'"):
         get_loss("no_such_module:my_loss")
     with pytest.raises(ConfigError, match="has no function 'nope'"):
-        get_loss("vf_rl.trainer.loss:nope")
+        get_loss("vf_rl.algorithm.loss:nope")
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
@@ -218,7 +218,8 @@ def test_policy_logprobs_runs_the_lm_head_on_completions_only(model_dir):
     gradients with ``logits_to_keep`` equal those of a forward over every position."""
     from transformers import AutoModelForCausalLM
 
-    from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
+    from vf_rl.orchestrator.samples import Sample
+    from vf_rl.trainer.batching import first_trained_position, micro_batches
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     g = torch.Generator().manual_seed(0)
@@ -265,8 +266,8 @@ def test_training_step_ignores_padding_micro_batches(model_dir, tmp_path):
 
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.batching import Sample
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.orchestrator.samples import Sample
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)

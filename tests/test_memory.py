@@ -1,4 +1,4 @@
-"""The trainer's memory estimate (vf_rl.memory) against every peak the GPU benchmarks measured,
+"""The trainer's memory estimate (vf_rl.config.memory) against every peak the GPU benchmarks measured,
 and the launcher's report of a config that cannot fit on an 80 GB GPU."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 import tomli_w
 
 from vf_rl.config.args import CUDA_GRAPH_MODES
-from vf_rl.memory import GIB, GPU_80GB_BYTES, ModelShape, estimate_trainer_peak
-from vf_rl.trainer.batching import Sample
-from vf_rl.trainer.packing import default_token_budget, packed_micro_batch, pad_to_buckets, plan_micro_batches
+from vf_rl.config.memory import GIB, GPU_80GB_BYTES, ModelShape, estimate_trainer_peak
+from vf_rl.orchestrator.samples import Sample
+from vf_rl.trainer.speed.packing import default_token_budget, packed_micro_batch, pad_to_buckets, plan_micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -159,14 +159,14 @@ def test_the_estimate_is_within_25_percent_of_every_learning_run_peak(tmp_path, 
     what the run held, but never more than 25% under it."""
     from transformers import AutoTokenizer
 
+    from vf_rl.config.memory import CUDA_OVERHEAD_BYTES, estimate_for_run, inference_bytes
     from vf_rl.config.schema import load_config
     from vf_rl.env_api import MultiTurnEnv
     from vf_rl.env_api.registry import load_environment
-    from vf_rl.memory import CUDA_OVERHEAD_BYTES, estimate_for_run, inference_bytes
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     shape = ModelShape.from_config(json.loads((model_dir / "config.json").read_text()))
-    from vf_rl import memory
+    from vf_rl.config import memory
 
     unpadded = memory._unpadded_pass
     errors = {}
@@ -207,7 +207,7 @@ def test_the_pass_is_the_one_the_packer_makes(micro, share, padding_free):
     """``pass_tokens`` for 16 groups of 8 rollouts (prompt 100, completion 128 tokens) against the
     trainer's own packer on that batch: a micro batch that holds the whole batch forwards each
     prompt once (with share_prompts), a small one its token budget."""
-    from vf_rl.memory import pass_tokens
+    from vf_rl.config.memory import pass_tokens
 
     a = {"micro_batch_size": micro, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
          "batch_size": 128, "rollouts_per_example": 8, "share_prompts": share, "padding_free": padding_free}
@@ -226,7 +226,7 @@ def test_the_pass_is_the_one_the_packer_makes(micro, share, padding_free):
 def test_an_unset_max_tokens_bounds_the_trained_tokens_by_the_sample():
     """``max_tokens`` unset (the environment's limit): without measured lengths every sample is the
     ``max_seq_len`` bound and may train all of it; a measured sample bounds it too."""
-    from vf_rl.memory import pass_tokens
+    from vf_rl.config.memory import pass_tokens
 
     a = {"micro_batch_size": 8, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": None,
          "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True}
@@ -274,7 +274,7 @@ def write_8b(tmp_path: Path, model_dir: Path, **trainer_args) -> Path:
 
 
 def vf_rl(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), *args],
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), *args],
                           capture_output=True, text=True, timeout=300, cwd=config.parent)
 
 
@@ -398,8 +398,8 @@ def test_no_estimate_for_a_cpu_trainer(tmp_path, model_dir, trainer_gpus):
 def test_preflight_memory_uses_the_measured_lengths(tmp_path, model_dir):
     """`--preflight` with trainer GPUs: the estimate for the lengths the rollouts had (a pass of
     micro_batch_size x the mean sample), below the max_seq_len bound, and whether it fits."""
-    from vf_rl.cli.preflight import memory_report
     from vf_rl.config.schema import load_config
+    from vf_rl.launcher.preflight import memory_report
 
     config = load_config(write_8b(tmp_path, model_dir, use_lora=True))
     lengths = {"sample_tokens": {"mean": 1000.0}, "completion_tokens": {"mean": 300.0}, "prompt_tokens": {"mean": 0}}
@@ -449,8 +449,8 @@ def test_with_cuda_graphs_the_pass_is_the_padded_row(measured, micro):
     budget's bucket (``packing.pad_to_buckets``), or, where the whole batch is one pass (micro batch
     128), to that pass's own bucket, so the estimate's pass is that row, with or without a
     pre-flight's lengths, and the trained tokens stay the unpadded pass's."""
-    from vf_rl.memory import pass_tokens
-    from vf_rl.trainer.shape_grid import bucket
+    from vf_rl.config.memory import pass_tokens
+    from vf_rl.config.shape_grid import bucket
 
     a = {"micro_batch_size": micro, "micro_batch_tokens": None, "max_seq_len": 512, "max_tokens": 128,
          "batch_size": 128, "rollouts_per_example": 8, "share_prompts": True, "padding_free": True,
@@ -476,8 +476,8 @@ def test_recorded_layers_that_do_not_fit_are_told_to_compile_per_layer(tmp_path,
     """An explicit ``torch_compile_mode = "reduce-overhead"`` whose estimate does not fit: the hints
     name the per-layer compile (a recording holds a pass's activations twice), which the estimate
     without it does not."""
+    from vf_rl.config.memory import estimate_for_run, fit_report
     from vf_rl.config.schema import load_config
-    from vf_rl.memory import estimate_for_run, fit_report
 
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi: an 80 GB GPU
     reports = {}

@@ -79,7 +79,7 @@ def _inspections(cache_root: Path) -> list[int]:
 
 
 def test_a_refused_flag_leaves_no_inspection_running(model_dir, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir),
+    result = subprocess.run([sys.executable, "-m", "vf_rl.inference.server", "--model", str(model_dir),
                              "--worker-extension-cls", "x.Y"], env=_env(tmp_path), capture_output=True, text=True,
                             timeout=300)
     assert result.returncode != 0 and "--worker-extension-cls is set by vf-vllm itself" in result.stderr
@@ -90,7 +90,7 @@ def test_a_refused_flag_leaves_no_inspection_running(model_dir, tmp_path):
 CLI_SEES_CACHE = """
 import sys
 import vllm.entrypoints.cli.main as cli
-from vf_rl.cli import vllm_server
+from vf_rl.inference import server as vllm_server
 from vf_rl.inference import model_info
 cli.main = lambda: print("cached before vLLM's CLI:", model_info.cached(["LlamaForCausalLM"]))
 sys.exit(vllm_server.main(sys.argv[1:]))
@@ -107,7 +107,7 @@ def test_vf_vllm_fills_the_cache_before_vllms_cli_runs(model_dir, tmp_path):
 def test_vf_vllm_reads_the_served_model_before_the_config_is_resolved(model_dir, tmp_path, monkeypatch):
     """``@ config.toml``: the model comes from the file as it is (the inspection starts before the
     config's checks); a flag or positional model otherwise; an unreadable file gives none."""
-    from vf_rl.cli.vllm_server import served_model
+    from vf_rl.inference.server import served_model
 
     config = tmp_path / "c.toml"
     config.write_text(f'model = "{model_dir}"\n[env]\nid = "reverse-text"\n')

@@ -7,16 +7,17 @@ import dataclasses
 import pytest
 import torch
 
-from vf_rl.trainer.attention import ATTN_IMPLEMENTATION, register_attention
-from vf_rl.trainer.batching import Sample, first_trained_position, micro_batches
-from vf_rl.trainer.logprobs import (
+from vf_rl.orchestrator.samples import Sample
+from vf_rl.trainer.batching import first_trained_position, micro_batches
+from vf_rl.trainer.speed.attention import ATTN_IMPLEMENTATION, register_attention
+from vf_rl.trainer.speed.logprobs import (
     chunked_logprobs,
     packed_policy_logprobs,
     padded_policy_logprobs,
     policy_logprobs,
     selective_logprobs,
 )
-from vf_rl.trainer.packing import (
+from vf_rl.trainer.speed.packing import (
     bucket,
     default_token_budget,
     first_trained,
@@ -174,7 +175,7 @@ def test_packed_forward_matches_the_padded_forward(smol, share_prompts, chunked)
     mb = packed_micro_batch(samples, share_prompts)
     assert mb.tokens == (9 + 4 + 6 + 2 + 7 + 5 + 3 if share_prompts else sum(len(s.input_ids) for s in samples))
     smol.zero_grad()
-    import vf_rl.trainer.logprobs as packing
+    import vf_rl.trainer.speed.logprobs as packing
 
     old = packing.LOGPROB_CHUNK_BYTES
     packing.LOGPROB_CHUNK_BYTES = 3 * 4 * smol.config.vocab_size
@@ -351,7 +352,7 @@ def test_training_step_packed_equals_padded(model_dir, tmp_path):
 
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
@@ -402,7 +403,7 @@ def test_triton_row_kernels_match_the_torch_rows(tmp_path):
     script = tmp_path / "check.py"
     script.write_text('''
 import torch
-import vf_rl.trainer.logprobs as P
+import vf_rl.trainer.speed.logprobs as P
 torch.manual_seed(0)
 for dtype in (torch.float32, torch.bfloat16):
     for keep, frozen in ((True, False), (False, False), (False, True)):
@@ -439,7 +440,7 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
     import vf_rl.trainer.trainer as trainer_module
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
 
     class CountCopies(TorchDispatchMode):
         copies = 0
@@ -499,7 +500,7 @@ def test_a_step_turns_training_mode_on_only_where_it_is_off(model_dir, tmp_path,
     from transformers import AutoTokenizer
 
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
 
     env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
     trainer = _trainer(model_dir, tmp_path, "mode", AutoTokenizer.from_pretrained(model_dir), env)

@@ -13,8 +13,8 @@ import pytest
 from conftest import write_cpu_config
 from test_algorithm import run_vf_train
 
-from vf_rl.trainer.filtering import DifficultyFilter
-from vf_rl.trainer.orchestrator import Orchestrator
+from vf_rl.orchestrator.filtering import DifficultyFilter
+from vf_rl.orchestrator.orchestrator import Orchestrator
 
 
 def spread_env():
@@ -94,8 +94,8 @@ def test_kl_penalty_is_beta_times_k3_per_loss_token():
     on the loss tokens / N and logs kl_ref."""
     import torch
 
+    from vf_rl.algorithm.loss import LossInputs, cispo_loss, dapo_loss, micro_batch_loss
     from vf_rl.config.rl_config import RLConfig
-    from vf_rl.trainer.loss import LossInputs, cispo_loss, dapo_loss, micro_batch_loss
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     from custom_loss import gspo_loss
@@ -126,8 +126,8 @@ def test_kl_reference_is_the_initial_policy(model_dir, tmp_path, use_lora):
 
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.batching import Sample
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.orchestrator.samples import Sample
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -158,10 +158,10 @@ def test_custom_loss_with_kl_equals_built_in_cispo(model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from vf_rl import RLConfig, RLTrainer
+    from vf_rl.algorithm.loss import LossOutput, log_importance_ratio
     from vf_rl.env_api import load_environment
-    from vf_rl.trainer.batching import Sample
-    from vf_rl.trainer.loss import LossOutput, log_importance_ratio
-    from vf_rl.trainer.orchestrator import Batch
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.orchestrator.samples import Sample
 
     def my_cispo(inputs, args):
         ratio = torch.exp(log_importance_ratio(inputs))
@@ -278,7 +278,7 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
     # resume for one more step: batch 3 takes the rows a fresh mixture assigns to step 3
     data["trainer"]["args"]["max_steps"] = 3
     config.write_text(tomli_w.dumps(data))
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.train", "@", str(config), "--resume"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config), "--resume"],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     recorded = [json.loads(line) for line in (out / "batches.jsonl").read_text().splitlines()]
@@ -287,7 +287,7 @@ def test_two_environments_train_and_log_each_reward(server, model_dir, tmp_path,
 
     from vf_rl.config.schema import load_config
     from vf_rl.env_api.registry import load_environments
-    from vf_rl.trainer.batching import prompt_rows
+    from vf_rl.orchestrator.samples import prompt_rows
 
     cfg = load_config(config)
     mixture = load_environments(cfg.envs, seed=42)

@@ -26,7 +26,7 @@ def write_config(tmp_path, name, server, model_dir, **extra):
 
 
 def train(config, *extra, **popen):
-    return subprocess.Popen([sys.executable, "-m", "vf_rl.cli.train", "@", str(config), *extra],
+    return subprocess.Popen([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
 
 

@@ -53,7 +53,7 @@ def greedy_logprobs(server) -> tuple[list[int], list[float]]:
 
 def vf_train(config, env_extra=None, **popen):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.Popen([sys.executable, "-m", "vf_rl.cli.train", "@", str(config)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env, **popen)
 
 
@@ -118,7 +118,7 @@ def test_wrong_secret_is_refused_with_one_line(second_server, model_dir, tmp_pat
 
 def test_vf_vllm_refuses_to_listen_beyond_loopback_without_a_secret(model_dir, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("VF_RL_WEIGHT_SECRET")}
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", str(model_dir), "--host",
+    result = subprocess.run([sys.executable, "-m", "vf_rl.inference.server", "--model", str(model_dir), "--host",
                              "0.0.0.0", "--port", str(free_port())], capture_output=True, text=True, env=env,
                             timeout=120)
     assert result.returncode == 2 and "set VF_RL_WEIGHT_SECRET" in result.stderr
@@ -135,7 +135,7 @@ def test_two_trainer_nodes_train_against_one_server(server, model_dir, tmp_path,
     port = free_port()
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(k),
                                "--nproc_per_node", "1", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                               "-m", "vf_rl.cli.train", "@", str(config)],
+                               "-m", "vf_rl.trainer.cli", "@", str(config)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (0, 1)]
     outputs = [p.communicate(timeout=900)[0] for p in nodes]
     assert [p.returncode for p in nodes] == [0, 0], [o[-3000:] for o in outputs]
@@ -156,7 +156,7 @@ def test_print_commands_gives_every_node_its_command(model_dir, tmp_path, gpus):
         "trainer": {"gpus": gpus, "nodes": 3, "main_address": "10.1.2.3:29500",
                     "args": {"batch_size": 48, "rollouts_per_example": 4, "micro_batch_size": 4}}}))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(8))}
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "--print-commands"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--print-commands"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -167,6 +167,6 @@ def test_print_commands_gives_every_node_its_command(model_dir, tmp_path, gpus):
         assert f"--num_processes {max(gpus, 1) * 3}" in line
         if gpus:  # node 0 shares its machine with the server (GPU 0); the other nodes use GPUs 0-3
             assert f"CUDA_VISIBLE_DEVICES={'1,2,3,4' if rank == 0 else '0,1,2,3'}" in line
-    bad = subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(path), "--node-rank", "3"],
+    bad = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--node-rank", "3"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "--node-rank 3: trainer.nodes = 3" in bad.stderr

@@ -17,9 +17,10 @@ from vf_rl.config.schema import read_toml
 from vf_rl.env_api import load_environment
 from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import InferenceClient
-from vf_rl.trainer.batching import micro_batches, rollout_to_samples
-from vf_rl.trainer.logprobs import selective_logprobs
-from vf_rl.trainer.orchestrator import Orchestrator
+from vf_rl.orchestrator.orchestrator import Orchestrator
+from vf_rl.orchestrator.samples import rollout_to_samples
+from vf_rl.trainer.batching import micro_batches
+from vf_rl.trainer.speed.logprobs import selective_logprobs
 from vf_rl.trainer.weight_sync import BroadcastSync, FilesystemSync
 from vf_rl.trainer.weights import export_weights
 
@@ -157,7 +158,7 @@ def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, 
     starts, so a training step that changes them while it is on its way does not leak into
     what the server gets, and a batch submitted ``after`` the push is sampled with the pushed
     weights (its sampling log-probs are the snapshot's)."""
-    from vf_rl.trainer.orchestrator import Orchestrator
+    from vf_rl.orchestrator.orchestrator import Orchestrator
 
     policy = trained_lora_policy(server.model)
     snapshot = copy.deepcopy(policy)  # the weights as they are when the push starts
@@ -286,7 +287,7 @@ def test_vf_eval_against_running_server(server, tmp_path):
     import sys
 
     out = tmp_path / "rollouts.jsonl"
-    result = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", server.model, "-n", "3",
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.eval", "reverse-text", "-m", server.model, "-n", "3",
                              "-r", "2", "-t", "12", "-a", '{"few_shot": 2, "source": "offline"}',
                              "--base-url", f"{server.base_url}/v1", "-o", str(out)],
                             capture_output=True, text=True, timeout=600)
@@ -297,13 +298,13 @@ def test_vf_eval_against_running_server(server, tmp_path):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(records) == 6 and all(0.0 <= r["reward"] <= 1.0 for r in records)
     assert records[0]["prompt"][-1]["role"] == "user" and records[0]["completion"][0]["role"] == "assistant"
-    bad = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", "x", "-a", "[1]"],
+    bad = subprocess.run([sys.executable, "-m", "vf_rl.launcher.eval", "reverse-text", "-m", "x", "-a", "[1]"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--env-args must be a JSON object" in bad.stderr
     # every rollout failing (nothing listens on the port) is a failed evaluation, with its first cause
     from conftest import free_port
 
-    closed = subprocess.run([sys.executable, "-m", "vf_rl.cli.eval", "reverse-text", "-m", server.model, "-n", "2",
+    closed = subprocess.run([sys.executable, "-m", "vf_rl.launcher.eval", "reverse-text", "-m", server.model, "-n", "2",
                              "-r", "2", "-a", '{"source": "offline"}', "--base-url",
                              f"http://127.0.0.1:{free_port()}/v1", "-o", str(tmp_path / "closed.jsonl")],
                             capture_output=True, text=True, timeout=600)
@@ -359,7 +360,7 @@ def test_string_prompts_train_through_the_orchestrator(server, tokenizer):
     from datasets import Dataset
 
     from vf_rl.env_api import SingleTurnEnv
-    from vf_rl.trainer.batching import prompt_rows
+    from vf_rl.orchestrator.samples import prompt_rows
 
     env = SingleTurnEnv(dataset=Dataset.from_list([{"prompt": "Say hello.", "answer": ""},
                                                    {"prompt": "Say bye.", "answer": ""}]))

@@ -14,11 +14,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from vf_rl.config.rules import ConfigError
 from vf_rl.env_api import BoxedParser, XMLParser
 from vf_rl.environments.reverse_text import load_environment as reverse_text
-from vf_rl.sft import conversation_rows, split_args
+from vf_rl.sft.train import conversation_rows, split_args
 
 
 def sft(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.sft", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "vf_rl.sft.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def completion_logprob(model_dir, prompt, completion) -> float:

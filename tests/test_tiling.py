@@ -1,4 +1,4 @@
-"""The tiled MLP (vf_rl.trainer.tiling, ``tiled_mlp = true``): the same loss and gradients as
+"""The tiled MLP (vf_rl.trainer.speed.tiling, ``tiled_mlp = true``): the same loss and gradients as
 the MLP run whole, fewer bytes kept for the backward pass, and the trainer applying it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from vf_rl.trainer.tiling import TiledMLP, tile_count, tile_mlps
+from vf_rl.trainer.speed.tiling import TiledMLP, tile_count, tile_mlps
 
 CONFIG = dict(hidden_size=64, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, vocab_size=1000)

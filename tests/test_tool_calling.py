@@ -37,7 +37,7 @@ def model_with_template(model_dir: Path, target: Path, template: str) -> Path:
 
 
 def dry_run(config: Path, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vf_rl.cli.launch", "@", str(config), "--dry-run"],
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--dry-run"],
                           capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 
@@ -108,7 +108,7 @@ def test_tool_calls_and_parse_failures_are_counted(server):
     from openai import AsyncOpenAI
 
     from vf_rl.env_api import Rubric, ToolEnv
-    from vf_rl.metrics import rollout_metrics
+    from vf_rl.orchestrator.metrics import rollout_metrics
 
     def add(a: int, b: int) -> int:
         """Add two integers."""

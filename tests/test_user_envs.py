@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vf_rl.env_api import load_environment
-from vf_rl.trainer.batching import rollout_to_samples
+from vf_rl.orchestrator.samples import rollout_to_samples
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

@@ -40,11 +40,11 @@ from peft import LoraConfig, get_peft_model
 from torch._dynamo.utils import counters
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from vf_rl.trainer.attention import register_attention
-from vf_rl.trainer.batching import Sample
-from vf_rl.trainer.logprobs import packed_policy_logprobs
+from vf_rl.orchestrator.samples import Sample
 from vf_rl.trainer.model import compile_stack
-from vf_rl.trainer.packing import packed_micro_batch, pad_to_buckets
+from vf_rl.trainer.speed.attention import register_attention
+from vf_rl.trainer.speed.logprobs import packed_policy_logprobs
+from vf_rl.trainer.speed.packing import packed_micro_batch, pad_to_buckets
 
 CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
               vocab_size=512)

@@ -6,7 +6,7 @@ The decoder stack compiled as one region of inductor's CUDA graphs ran 1.99x TRL
 fixed-length Qwen2-0.5B LoRA, but with a first step of 90-168 s (inductor compiles 24 layers),
 against 20 s for per-layer regions, whose step is bound by the host's launches (benchmarks/RESULTS.md,
 ak, ao). inductor's CUDA graphs cannot replay per-layer regions with torch 2.11 (one compiled
-function called on its own output, pytorch/pytorch#152887). ``vf_rl.trainer.layer_graphs`` keeps the
+function called on its own output, pytorch/pytorch#152887). ``vf_rl.trainer.speed.layer_graphs`` keeps the
 per-layer compile and records the layers' forward and backward, one graph each per shape, with
 ``make_graphed_callables``: a pass then replays two graphs instead of launching every kernel from
 Python.
@@ -17,7 +17,7 @@ of a second batch of another row length (192-token completions), steps alternati
 ``layers`` (``compile_layers``, the trainer's default), ``layers-again`` (the same, run again: how far
 two runs of the same code lie apart, FlashAttention's backward adding with atomics), ``eager`` (the
 layers not compiled: how far two right answers lie apart in bf16), ``graphs`` (the same compiled layers, called through the graphs
-``vf_rl.trainer.layer_graphs.LayerGraphs`` records for the row's shape) and ``eager-graphs`` (the
+``vf_rl.trainer.speed.layer_graphs.LayerGraphs`` records for the row's shape) and ``eager-graphs`` (the
 layers not compiled, recorded the same way: no compile at all).
 Printed per side: first step (compile and recording included; a side after the first finds the
 layers' code compiled in this process, so what it adds to a first step is its recording time,
@@ -51,12 +51,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from trainer_step import LORA_TARGETS, build_model  # noqa: E402
 
-from vf_rl.trainer.attention import register_attention  # noqa: E402
-from vf_rl.trainer.batching import Sample  # noqa: E402
-from vf_rl.trainer.layer_graphs import LayerGraphs  # noqa: E402
-from vf_rl.trainer.logprobs import packed_policy_logprobs  # noqa: E402
+from vf_rl.orchestrator.samples import Sample  # noqa: E402
 from vf_rl.trainer.model import compile_layers, decoder_layers  # noqa: E402
-from vf_rl.trainer.packing import plan_micro_batches  # noqa: E402
+from vf_rl.trainer.speed.attention import register_attention  # noqa: E402
+from vf_rl.trainer.speed.layer_graphs import LayerGraphs  # noqa: E402
+from vf_rl.trainer.speed.logprobs import packed_policy_logprobs  # noqa: E402
+from vf_rl.trainer.speed.packing import plan_micro_batches  # noqa: E402
 
 
 def build(args, device: torch.device, graphs: bool, compiled: bool = True):

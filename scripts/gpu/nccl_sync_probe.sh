@@ -2,7 +2,7 @@
 # Diagnose the nccl transport against a real vf-vllm: server on GPU 0 (NCCL_DEBUG=INFO), one
 # BroadcastSync push of SmolLM2 from cuda:1 with a 45 s limit, Python stacks dumped on a hang.
 PORT=8555
-CUDA_VISIBLE_DEVICES=0 NCCL_DEBUG=INFO setsid python3 -m vf_rl.cli.vllm_server --model /tmp/smol --port $PORT \
+CUDA_VISIBLE_DEVICES=0 NCCL_DEBUG=INFO setsid python3 -m vf_rl.inference.server --model /tmp/smol --port $PORT \
   --enforce-eager --max-model-len 1024 --gpu-memory-utilization 0.3 > /tmp/probe-srv.log 2>&1 &
 SP=$!
 NCCL_DEBUG=INFO timeout 150 python3 - <<PY

@@ -60,7 +60,7 @@ sft() {  # sft ENV: the command that warms SmolLM2 up on ENV (configs/vf-sft/ENV
   # /tmp/sft-ENV; its config written to /tmp/sft-ENV.toml now), logging to /tmp/e2e/sft-ENV.log
   sed -e 's#^model = .*#model = "/tmp/smol"#' -e "s#^output_dir = .*#output_dir = \"/tmp/sft-$1\"#" \
     configs/vf-sft/$1.toml > /tmp/sft-$1.toml
-  echo "python3 -m vf_rl.cli.sft @ /tmp/sft-$1.toml > /tmp/e2e/sft-$1.log 2>&1"
+  echo "python3 -m vf_rl.sft.cli @ /tmp/sft-$1.toml > /tmp/e2e/sft-$1.log 2>&1"
 }
 random_model() {  # random_model CONFIG: /tmp/rand-CONFIG, random weights of a trainer_step.py config with SmolLM2's
   # vocabulary (scripts/gpu/make_random_model.py), made once per machine
@@ -101,7 +101,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 case $PART in
 e2e)
   run auto 200 bash scripts/gpu/vf_rl_run.sh gpu-auto auto 1 1 false 3
-  echo "trainer processes left: $(pgrep -fc vf_rl.cli.train)"; pkill -9 -f vf_rl.cli 2>/dev/null; pkill -9 -f "vllm" 2>/dev/null; sleep 2
+  echo "trainer processes left: $(pgrep -fc vf_rl.trainer.cli)"; pkill -9 -f "vf_rl.trainer.cli|vf_rl.inference.server" 2>/dev/null; pkill -9 -f "vllm" 2>/dev/null; sleep 2
   VF_RL_GPU_MODEL=/tmp/smol VF_RL_GPU_REPORT=$OUT/gpu_test.jsonl run gputest 170 python3 -m pytest -m gpu tests/test_gpu.py -s -q -p no:cacheprovider
   ;;
 sync135)
@@ -283,9 +283,9 @@ learning_rate = 1e-5
 torch_compile = false
 ${BIG_EXTRA:-}
 TOML
-  python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
+  python3 -m vf_rl.launcher.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/big.gpumem.log & \
-    mon=\$!; timeout ${LIMIT:-1500} python3 -m vf_rl.cli.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1; \
+    mon=\$!; timeout ${LIMIT:-1500} python3 -m vf_rl.launcher.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1; \
     kill \$mon"
   ;;
 model)  # makes the random-weight model MODEL_CONFIG (default llama-3.1-8b) once, before lanes that share it start
@@ -311,9 +311,9 @@ rollouts_per_example = 4
 learning_rate = 1e-6
 $(printf '%b' "${TRAINER_ARGS:-}")
 TOML
-  python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
+  python3 -m vf_rl.launcher.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
-    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.cli.launch @ /tmp/runs/$name.toml --wait -s ${name//./-} > /tmp/e2e/$name.log 2>&1; \
+    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.launcher.launch @ /tmp/runs/$name.toml --wait -s ${name//./-} > /tmp/e2e/$name.log 2>&1; \
     kill \$mon"
   ;;
 scaling)
@@ -347,7 +347,7 @@ plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the 
   ;;
 poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
   # $OUT/e2e.tgz (one file: $OUT brings back 8 at most) and prints the logs' tails
-  busy="benchmarks/learning.py|vf_rl.cli.sft|trainer_step.py|vf_rl.cli.launch|scripts/gpu/plans/"
+  busy="benchmarks/learning.py|vf_rl.sft.cli|trainer_step.py|vf_rl.launcher.launch|scripts/gpu/plans/"
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "$busy" > /dev/null || break; sleep 1; done
   pgrep -f "$busy" > /dev/null && echo "still running"
   P=/tmp/poll; rm -rf $P; mkdir -p $P

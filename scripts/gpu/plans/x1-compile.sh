@@ -1,7 +1,7 @@
 #!/bin/bash
 # One GPU, ~31 minutes: the trainer's compile as it is since (an): a packed row's length, segment count and gathered
 # keys marked dynamic before the first compile (model._mark_row_sizes), so each region compiles once, on two
-# synthetic batches before the first step (trainer/warmup.py); keys gathered only for samples of groups (the fixed
+# synthetic batches before the first step (trainer/speed/warmup.py); keys gathered only for samples of groups (the fixed
 # benchmark's distinct prompts run without the gather). Every run starts with empty inductor and Triton caches.
 # Baselines from (an), where each region compiled twice (static, then dynamic) and the fixed batch gathered its keys:
 #   0 (ran in (ao): all passed with the sizes dynamic from the first compile): scripts/gpu/cudagraph_accum_check.py

@@ -4,7 +4,7 @@
 # (47.6 GiB), TRL 128k (192k ran out of memory plain, offloaded, offloaded with liger), a grid too coarse to say 2x:
 # TRL's limit lies in [128k, 192k). Here vf-rl at 320k, then TRL's two offloaded sides at 160k: TRL out of memory at
 # 160k and vf-rl through 320k puts vf-rl's limit at >= 2x TRL's. vf-rl at 320k (Llama-3.1-8B-shaped LoRA, offload +
-# tiled_mlp): 54.2 GiB on the GPU by vf_rl.memory (its (r) error: -2% to -1%; 39.5 GiB at 192k, 47.6 at 256k); the
+# tiled_mlp): 54.2 GiB on the GPU by vf_rl.config.memory (its (r) error: -2% to -1%; 39.5 GiB at 192k, 47.6 at 256k); the
 # offloaded layer inputs take 32 x 327,680 x 4,096 x 2 bytes = 80 GiB of pinned host memory, the harness's master
 # weights 15 GiB more. One step of 2 sequences, no warm-up step: (r)'s 256k step took 403 s on an H100, attention
 # grows with the square of the length (~630 s here), plus the harness's sampling log-prob pass. JSON: /tmp/e2e/long-

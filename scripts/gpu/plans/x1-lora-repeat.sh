@@ -6,7 +6,7 @@
 #   1 (~2 min): (au)'s small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled: the 15.6 ms of Python at
 #     its start gone? ((au) 0.101 s a step, (as) 0.095)
 #   2 (~1 min): gemm_ceiling.py, Llama-1.2B full and LoRA, each product replayed from a CUDA graph (no launch latency)
-#   2c (~5 min): trainer/fusion.py (q/k/v and LoRA A products fused in the compiled layers; new, never run on a GPU):
+#   2c (~5 min): trainer/speed/fusion.py (q/k/v and LoRA A products fused in the compiled layers; new, never run on a GPU):
 #     scripts/gpu/layer_graphs_check.py (the compiled layers' gradients against eager; (as) floor 2.6e-2, eager 3.5e-2),
 #     then Llama-1.2B LoRA and full weights, vf-rl and vf-rl-unfused interleaved in one process (what it gains:
 #     gemm_ceiling's k/v products ran at ~200 TFLOP/s against q's ~480; ~30 ms a full-weight step by that table)

@@ -10,7 +10,7 @@ start_once() {  # start_once NAME [VAR=VALUE ...]: one vf-vllm start, its log in
   local name=$1; shift
   local c=/tmp/start-debug-caches-$name; rm -rf $c
   env "$@" CUDA_VISIBLE_DEVICES=${GPU0:-0} VLLM_LOGGING_LEVEL=DEBUG VLLM_CACHE_ROOT=$c/vllm TRITON_CACHE_DIR=$c/triton \
-    TORCHINDUCTOR_CACHE_DIR=$c/inductor setsid python3 -m vf_rl.cli.vllm_server --model ${MODEL:-/tmp/smol} \
+    TORCHINDUCTOR_CACHE_DIR=$c/inductor setsid python3 -m vf_rl.inference.server --model ${MODEL:-/tmp/smol} \
     --port 18123 --api-server-count 4 ${GPU_ARGS---gpu-memory-utilization 0.3} > /tmp/e2e/start-debug-$name.log 2>&1 &
   local server=$!
   python3 - <<'PY' > /tmp/e2e/start-debug-$name.health 2>&1

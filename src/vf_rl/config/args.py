@@ -25,7 +25,7 @@ REFUSED_NAMES = {"num_iterations": "each batch gets one optimizer step (num_iter
 """Older key names with no current key of that meaning: refused with this hint."""
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """``torch_compile_mode`` values that replay CUDA graphs, micro batches padded to a few shapes:
-``"reduce-overhead"`` records the compiled decoder layers (``trainer/layer_graphs.py``),
+``"reduce-overhead"`` records the compiled decoder layers (``trainer/speed/layer_graphs.py``),
 ``"max-autotune"`` compiles the decoder stack as one region of inductor's CUDA graphs
 (``trainer/model.py: compile_model``)."""
 
@@ -59,12 +59,12 @@ class RLArgs:
     max_prompt_len: int = field(default=512, metadata={"help": "Prompts longer than this (tokens) are filtered out."})
     max_concurrent: int = field(default=1024, metadata={"help": "Most rollouts in flight at once."})
     orchestrator_process: bool = field(default=True, metadata={"help": "Generate rollouts in a separate process, so that the trainer's Python does not slow them (false: a thread in the trainer process; environments that cannot be sent to another process use the thread too)."})
-    # Algorithm (trainer/loss.py, trainer/advantage.py)
+    # Algorithm (algorithm/loss.py, algorithm/advantage.py)
     loss_type: str = field(default="cispo", metadata={"help": "Policy loss: \"cispo\" (CISPO with importance-ratio masking) or \"dapo\" (PPO/GRPO clipped surrogate with DAPO's clip-higher), or \"module:function\" for your own (see examples/custom_loss.py)."})
     advantage_type: str = field(default="group_mean", metadata={"help": "Advantage: \"group_mean\" (reward minus its group's mean) or \"group_mean_std\" (also divided by the group's std, GRPO), or \"module:function\"."})
     epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\": ratios below 1 - epsilon_low are clipped."})
     epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher)."})
-    # Online difficulty filtering (trainer/filtering.py; DAPO's dynamic sampling, arXiv:2503.14476)
+    # Online difficulty filtering (orchestrator/filtering.py; DAPO's dynamic sampling, arXiv:2503.14476)
     use_difficulty_filtering: bool = field(default=False, metadata={"help": "Drop groups whose rewards have (near) zero spread (no gradient) before training and refill the batch by generating more groups."})
     difficulty_threshold: float = field(default=0.0, metadata={"help": "With filtering: groups whose reward std is at or below this (plus 1e-6) are dropped."})
     difficulty_min_reward: float | None = field(default=None, metadata={"help": "With filtering: also drop groups whose mean reward is below this (too hard)."})
@@ -79,7 +79,7 @@ class RLArgs:
     mask_ratio_low: float = field(default=0.125, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is below this."})
     mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
     mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
-    preflight: str = field(default="warn", metadata={"help": "Check the first batch of a run (not of a resumed one) before training on it, as `vf-rl @ cfg --preflight` does (vf_rl.preflight): \"warn\" prints the verdict (baseline reward, groups without spread, truncation, failures) and goes on, \"strict\" stops the run when the verdict is failing, too_hard or no_spread, \"off\" skips it. It only reads the batch the run generates anyway."})
+    preflight: str = field(default="warn", metadata={"help": "Check the first batch of a run (not of a resumed one) before training on it, as `vf-rl @ cfg --preflight` does (vf_rl.orchestrator.preflight): \"warn\" prints the verdict (baseline reward, groups without spread, truncation, failures) and goes on, \"strict\" stops the run when the verdict is failing, too_hard or no_spread, \"off\" skips it. It only reads the batch the run generates anyway."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude truncated rollouts (a turn cut off at max_tokens, or longer than max_seq_len) from the loss."})
     zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated rollouts (cut off at max_tokens, or longer than max_seq_len) reward 0."})
     # Sampling

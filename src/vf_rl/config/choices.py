@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
 
-from .args import rl_fields
+from vf_rl.config.args import rl_fields
 
 
 class Option(BaseModel):
@@ -30,7 +30,7 @@ class Option(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# loss_type (trainer/loss.py)
+# loss_type (algorithm/loss.py)
 class CispoLoss(Option):
     """CISPO (MiniMax-M1, arXiv:2506.13585): importance-ratio masking outside [low, high]."""
 
@@ -57,7 +57,7 @@ class CustomLoss(Option):
     epsilon_high: float
 
 
-# advantage_type (trainer/advantage.py)
+# advantage_type (algorithm/advantage.py)
 class GroupMeanAdvantage(Option):
     advantage_type: Literal["group_mean"]
 
@@ -96,7 +96,7 @@ class LoraSync(Option):
     weight_sync: Literal["lora"]
 
 
-# use_difficulty_filtering (trainer/filtering.py)
+# use_difficulty_filtering (orchestrator/filtering.py)
 class NoFiltering(Option):
     use_difficulty_filtering: Literal[False]
 
@@ -112,7 +112,7 @@ class DifficultyFiltering(Option):
     max_filter_rounds: int
 
 
-# padding_free (trainer/packing.py): the micro-batch layout
+# padding_free (trainer/speed/packing.py): the micro-batch layout
 class PaddedMicroBatches(Option):
     padding_free: Literal[False]
 
@@ -201,7 +201,7 @@ def run_choices(a: dict[str, Any], p: str = "") -> RunChoices:
             naming the key, the options that read it and the run's choice; or a value of the
             wrong type for its option.
     """
-    from .rules import ConfigError
+    from vf_rl.config.rules import ConfigError
 
     defaults = {name: f.default for name, f in rl_fields().items()}
     picked = {}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .args import OLDER_NAMES, REFUSED_NAMES, rl_fields
-from .rules import ConfigError
+from vf_rl.config.args import OLDER_NAMES, REFUSED_NAMES, rl_fields
+from vf_rl.config.rules import ConfigError
 
 DERIVED_FROM = {"output_dir": "outputs/<run_name>", "bf16": "on with a GPU",
                 "eval_rollouts_per_example": "rollouts_per_example", "eval_on_start": "on when eval_strategy is not 'no'",
@@ -58,7 +58,7 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool, processes: int = 1) -> 
 
 def records_layers_by_default(a: dict[str, Any], has_gpu: bool, processes: int) -> bool:
     """Whether a run that leaves ``torch_compile_mode`` unset records its compiled decoder layers as
-    CUDA graphs (``"reduce-overhead"``, ``trainer/layer_graphs.py``): with ``torch_compile`` (inductor,
+    CUDA graphs (``"reduce-overhead"``, ``trainer/speed/layer_graphs.py``): with ``torch_compile`` (inductor,
     the default backend) on a GPU, one trainer process, packed micro batches, and neither
     ``gradient_checkpointing``, ``tiled_mlp`` nor DeepSpeed (the cases ``rules`` refuses the mode
     for). Measured on an H200 against the per-layer compile: a SmolLM2-135M LoRA step 0.095 s

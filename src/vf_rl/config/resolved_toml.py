@@ -18,8 +18,8 @@ from typing import Any
 
 import tomli_w
 
-from .args import rl_fields
-from .schema import VfRlConfig
+from vf_rl.config.args import rl_fields
+from vf_rl.config.schema import VfRlConfig
 
 RESOLVED_NAME = "resolved.toml"
 COMMENT_COLUMN = 48  # origins line up here (a longer line gets one space before its comment)

@@ -19,16 +19,16 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from .args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
-from .choices import run_choices
-from .training_arguments import training_arguments_types
+from vf_rl.config.args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
+from vf_rl.config.choices import run_choices
+from vf_rl.config.training_arguments import training_arguments_types
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 PREFLIGHT_CHOICES = ("warn", "strict", "off")
 LOSS_TYPES = ("cispo", "dapo")
-"""Built-in losses (``trainer/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
+"""Built-in losses (``algorithm/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
 ADVANTAGE_TYPES = ("group_mean", "group_mean_std")
-"""Built-in advantages (``trainer/advantage.py``'s ``ADVANTAGES``); ``"module:function"`` names another."""
+"""Built-in advantages (``algorithm/advantage.py``'s ``ADVANTAGES``); ``"module:function"`` names another."""
 
 
 class ConfigError(ValueError):

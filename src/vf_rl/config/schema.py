@@ -31,11 +31,11 @@ from pydantic import (
     field_validator,
 )
 
-from .args import rl_fields
-from .defaults import origin, rename_older_names, resolve_trainer_args
-from .rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
-from .tools import tool_flags
-from .vllm_flags import api_servers
+from vf_rl.config.args import rl_fields
+from vf_rl.config.defaults import origin, rename_older_names, resolve_trainer_args
+from vf_rl.config.rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
+from vf_rl.config.tools import tool_flags
+from vf_rl.config.vllm_flags import api_servers
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -190,7 +190,7 @@ def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
     Raises:
         ConfigError: an older key name refused, or a weight-sync choice the layout cannot use.
     """
-    from vf_rl.memory import recorded_layers_fit, shared_split
+    from vf_rl.config.memory import recorded_layers_fit, shared_split
 
     given = rename_older_names(config.trainer.args, "trainer.args.")
     has_gpu = config.trainer.gpus > 0

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .rules import ConfigError
+from vf_rl.config.rules import ConfigError
 
 # (marker in the chat template / the model's output, vLLM's --tool-call-parser); the first marker
 # found in a template decides, so the more specific formats come first.

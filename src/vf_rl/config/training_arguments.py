@@ -18,7 +18,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .cache import cached_json, package_version
+from vf_rl.config.cache import cached_json, package_version
 
 
 @lru_cache(maxsize=1)

@@ -15,12 +15,12 @@ import os
 import subprocess
 import sys
 
-from .cache import cached_json, package_version
-from .rules import ConfigError, suggest
+from vf_rl.config.cache import cached_json, package_version
+from vf_rl.config.rules import ConfigError, suggest
 
 _READ_PARSER = """
 import json
-from vf_rl.cli.vllm_server import _vllm_version_fallback
+from vf_rl.inference.server import _vllm_version_fallback
 _vllm_version_fallback()
 from vllm.entrypoints.cli import serve
 root = serve.FlexibleArgumentParser()

@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import ModelServerError, describe, kind_of
-from .parsers import Messages, Parser
-from .rubric import Rubric
+from vf_rl.env_api.errors import ModelServerError, describe, kind_of
+from vf_rl.env_api.parsers import Messages, Parser
+from vf_rl.env_api.rubric import Rubric
 
 if TYPE_CHECKING:
     from datasets import Dataset
@@ -332,7 +332,7 @@ class SingleTurnEnv(Environment):
                        timeout: float | None = None, on_done: Callable[[Rollout], None] | None = None) -> list[Rollout]:
         """As :meth:`Environment.generate`; ``max_concurrent`` rollouts in flight are
         ``max_concurrent // rollouts_per_example`` group requests (at least one)."""
-        from .group_sampling import SingleTurnGroups, group_request_args
+        from vf_rl.env_api.group_sampling import SingleTurnGroups, group_request_args
 
         split = group_request_args(self, client, sampling_args, rollouts_per_example)
         if split is None or type(self).rollout is not SingleTurnEnv.rollout:

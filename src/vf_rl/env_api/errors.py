@@ -11,7 +11,7 @@ and the causes behind it) and its ``error_kind`` where, one of :data:`KINDS`:
 - ``timeout``: the rollout did not finish within ``generation_timeout``;
 - ``environment``: anything else the environment's own code raised.
 
-The metrics count each kind (``errors/<kind>``, :func:`vf_rl.metrics.rollout_metrics`).
+The metrics count each kind (``errors/<kind>``, :func:`vf_rl.orchestrator.metrics.rollout_metrics`).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def describe(exc: BaseException) -> str:
 
 def raised_in_parser(exc: BaseException) -> bool:
     """Whether ``exc`` was raised inside a method of a vf-rl :class:`~vf_rl.env_api.parsers.Parser`."""
-    from .parsers import Parser
+    from vf_rl.env_api.parsers import Parser
 
     tb = exc.__traceback__
     while tb is not None:

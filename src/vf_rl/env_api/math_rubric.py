@@ -8,9 +8,9 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from ..parent_watch import start_parent_watch
-from .parsers import Parser, extract_boxed_answer, last_assistant_text
-from .rubric import Rubric
+from vf_rl.env_api.parsers import Parser, extract_boxed_answer, last_assistant_text
+from vf_rl.env_api.rubric import Rubric
+from vf_rl.parent_watch import start_parent_watch
 
 VERIFY_TIMEOUT_S = 5
 """math-verify's own limit on parsing and on comparing one answer (seconds)."""

@@ -14,7 +14,7 @@ import asyncio
 import math
 import random
 
-from .environment import Environment, Rollout
+from vf_rl.env_api.environment import Environment, Rollout
 
 ENV_KEY = "env"
 """The row key naming the environment a row (and its rollouts) belongs to."""

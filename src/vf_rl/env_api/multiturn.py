@@ -7,8 +7,8 @@ from typing import Any
 
 import openai
 
-from .environment import Environment, Rollout
-from .parsers import Messages
+from vf_rl.env_api.environment import Environment, Rollout
+from vf_rl.env_api.parsers import Messages
 
 
 def context_too_long(exc: Exception) -> bool:
@@ -63,7 +63,7 @@ class MultiTurnEnv(Environment):
         chat completion per rollout. Every turn is a chat completion instead when a subclass
         overrides ``rollout`` or ``turn_args`` (tools), or the sampling arguments have no group
         request (:func:`~.group_sampling.group_request_args`)."""
-        from .group_sampling import MultiTurnGroups, group_request_args
+        from vf_rl.env_api.group_sampling import MultiTurnGroups, group_request_args
 
         split = group_request_args(self, client, sampling_args, rollouts_per_example)
         if (split is None or type(self).rollout is not MultiTurnEnv.rollout

@@ -98,7 +98,7 @@ def import_environment_module(env_id: str):
     except AttributeError as exc:  # `vf.SingleTurnEnv` on a verifiers without the classic API
         if "module 'verifiers' has no attribute" not in str(exc):
             raise
-        from .verifiers_adapter import SUPPORTED, verifiers_version
+        from vf_rl.env_api.verifiers_adapter import SUPPORTED, verifiers_version
 
         raise ValueError(f"environment module {name!r} uses the classic verifiers API ({exc}), which verifiers "
                          f"{verifiers_version()} does not have: classic environments need verifiers {SUPPORTED}") from None
@@ -117,7 +117,7 @@ def is_v1_plugin(module) -> bool:
     exports a ``verifiers.v1`` Taskset or Env): see :mod:`vf_rl.env_api.verifiers_v1`."""
     if callable(getattr(module, "load_environment", None)):
         return False
-    from .verifiers_v1 import is_plugin
+    from vf_rl.env_api.verifiers_v1 import is_plugin
 
     return is_plugin(module)
 
@@ -145,16 +145,16 @@ def load_environment(env_id: str, **env_args):
     """
     module = import_environment_module(env_id)
     if ":" not in env_id and is_v1_plugin(module):
-        from .verifiers_v1 import load_plugin
+        from vf_rl.env_api.verifiers_v1 import load_plugin
 
         env = load_plugin(module, **env_args)
     else:
         env = factory(module, env_id)(**env_args)
-        from .verifiers_adapter import VerifiersEnvironment, verifiers_api
+        from vf_rl.env_api.verifiers_adapter import VerifiersEnvironment, verifiers_api
 
         api = verifiers_api(env)
         if api == "v1":
-            from .verifiers_v1 import VerifiersV1Environment
+            from vf_rl.env_api.verifiers_v1 import VerifiersV1Environment
 
             env = VerifiersV1Environment(env)
         elif api is not None:
@@ -181,7 +181,7 @@ def load_environments(entries, seed: int):
         envs[name], weights[name] = load_environment(entry.id, **entry.args), entry.weight
     if len(envs) == 1:
         return next(iter(envs.values()))
-    from .mixture import EnvMixture
+    from vf_rl.env_api.mixture import EnvMixture
 
     mixture = EnvMixture(envs, weights, seed)
     mixture.recipe = functools.partial(load_environments, entries, seed)

@@ -11,8 +11,8 @@ import asyncio
 import inspect
 from typing import Any, Callable
 
-from .errors import RewardFunctionError
-from .parsers import Parser
+from vf_rl.env_api.errors import RewardFunctionError
+from vf_rl.env_api.parsers import Parser
 
 RewardFunc = Callable[..., Any]
 

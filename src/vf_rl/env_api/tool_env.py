@@ -9,8 +9,8 @@ import re
 import typing
 from typing import Any, Callable
 
-from .multiturn import MultiTurnEnv
-from .parsers import Messages
+from vf_rl.env_api.multiturn import MultiTurnEnv
+from vf_rl.env_api.parsers import Messages
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
-from .errors import kind_of_names
-from .group_sampling import GroupRunner
-from .mixture import ENV_KEY
+from vf_rl.env_api.environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
+from vf_rl.env_api.errors import kind_of_names
+from vf_rl.env_api.group_sampling import GroupRunner
+from vf_rl.env_api.mixture import ENV_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def check_console_scripts(bin_dir: Path | None = None) -> str | None:
         return None
     return (f"{', '.join(shadowed)} in {bin_dir} belong(s) to the verifiers package, not vf-rl; restore "
             f"vf-rl's with: pip install --no-deps --force-reinstall vf-rl (or -e <checkout>); "
-            f"meanwhile use python -m vf_rl.cli.eval")
+            f"meanwhile use python -m vf_rl.launcher.eval")
 
 
 

@@ -43,10 +43,10 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from .environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
-from .errors import kind_of_names
-from .group_sampling import GroupRunner
-from .verifiers_adapter import (
+from vf_rl.env_api.environment import Rollout, Turn, merge_sampling_args, prompt_messages, row_info
+from vf_rl.env_api.errors import kind_of_names
+from vf_rl.env_api.group_sampling import GroupRunner
+from vf_rl.env_api.verifiers_adapter import (
     VerifiersError,
     _plain,
     check_supported,

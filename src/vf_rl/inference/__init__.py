@@ -1,2 +1,2 @@
-"""Inference side: the vf-vllm server's weight-update routes, its vLLM worker extension,
-and the trainer's client for them."""
+"""The inference server, ``vf-vllm``: vLLM's OpenAI server with vf-rl's weight-update routes and
+worker extension, and the clients that talk to it."""

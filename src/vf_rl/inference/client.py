@@ -6,8 +6,8 @@ import time
 
 import httpx
 
-from .routes import SECRET_HEADER, weight_secret
-from .supervision import check_server_alive
+from vf_rl.inference.routes import SECRET_HEADER, weight_secret
+from vf_rl.inference.supervision import check_server_alive
 
 KEEPALIVE_EXPIRY_S = 1.0
 """Seconds an idle pooled HTTP connection may be reused. vLLM's server (uvicorn) closes idle

@@ -14,7 +14,7 @@ import base64
 
 import torch
 
-from .buckets import DTYPES
+from vf_rl.inference.buckets import DTYPES
 
 
 def _b64(value: bytes | None) -> str | None:

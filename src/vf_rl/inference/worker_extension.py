@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .buckets import DTYPES, Bucket, unpack_bucket
+from vf_rl.inference.buckets import DTYPES, Bucket, unpack_bucket
 
 
 class WeightSyncExtension:
@@ -93,7 +93,7 @@ class WeightSyncExtension:
             rank_offset: added to this worker's rank: the workers of earlier servers when one
                 group spans several servers.
         Returns ``{"rank": int, "device": str}``."""
-        from .communicator import BroadcastGroup
+        from vf_rl.inference.communicator import BroadcastGroup
 
         if getattr(self, "_vf_group", None) is not None:
             self._vf_group.close()
@@ -149,7 +149,7 @@ class WeightSyncExtension:
         Raises:
             ValueError: the two lists differ in length, or a buffer's size differs from its bucket's.
         """
-        from .ipc import open_shared
+        from vf_rl.inference.ipc import open_shared
 
         start = time.perf_counter()
         if len(buckets) != len(handles):
@@ -174,6 +174,6 @@ class WeightSyncExtension:
 
     def vf_device_uuid(self) -> str:
         """This worker's GPU UUID, or "cpu" (``communicator.device_uuid``)."""
-        from .communicator import device_uuid
+        from vf_rl.inference.communicator import device_uuid
 
         return device_uuid(self.device)

@@ -11,8 +11,8 @@ from pathlib import Path
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
-from . import display
-from .model import Float32Rotary
+from vf_rl.trainer import display
+from vf_rl.trainer.model import Float32Rotary
 
 
 def append_jsonl(path: Path, record: dict) -> None:
@@ -42,7 +42,7 @@ def peak_memory() -> dict[str, float]:
     """``memory/peak_gib`` (the most bytes PyTorch held in tensors) and ``memory/reserved_peak_gib``
     (its caching allocator's most, what nvidia-smi counts for this process, less the CUDA context)
     on this process's GPU since the last call, in GiB, then the peaks reset; ``{}`` without CUDA.
-    Beside the launch's estimate (``vf_rl.memory``) they show what a step really took, the weight
+    Beside the launch's estimate (``vf_rl.config.memory``) they show what a step really took, the weight
     push of the step before it included."""
     import torch
 
@@ -85,7 +85,7 @@ class RunCallback(Float32Rotary):
 
     def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
-            from vf_rl.plot import plot_run
+            from vf_rl.trainer.plot import plot_run
 
             try:
                 print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)

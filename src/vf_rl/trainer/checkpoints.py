@@ -20,7 +20,7 @@ try:
 except ImportError:  # transformers 4.x: a Trainer method
     rotate_checkpoints = None
 
-from .callbacks import truncate_jsonl
+from vf_rl.trainer.callbacks import truncate_jsonl
 
 
 class CheckpointingTrainer(Trainer):

@@ -266,7 +266,7 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
     (benchmarks/RESULTS.md, am)."""
     import torch._dynamo
 
-    from . import fusion
+    from vf_rl.trainer.speed import fusion
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     torch._dynamo.config.suppress_errors = True
@@ -362,7 +362,7 @@ def record_layer_graphs(model: torch.nn.Module) -> int:
     Returns:
         the number of layers routed (0: the model has no repeated blocks, nothing records).
     """
-    from .layer_graphs import LayerGraphs
+    from vf_rl.trainer.speed.layer_graphs import LayerGraphs
 
     layers = decoder_layers(model)
     if layers:

@@ -26,6 +26,8 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_callback import ProgressCallback
 
+from vf_rl.algorithm.advantage import AdvantageFn, get_advantage
+from vf_rl.algorithm.loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.config.rules import choose_weight_sync
@@ -33,26 +35,24 @@ from vf_rl.env_api import Environment
 from vf_rl.inference.client import InferenceClient
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.inference.supervision import MAX_RESTARTS
-from vf_rl.metrics import env_metrics, rollout_metrics
-from vf_rl.preflight import check_first_batch
-
-from . import display
-from .advantage import AdvantageFn, get_advantage
-from .attention import register_attention
-from .batching import StepsDataset, prompt_rows
-from .callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
-from .checkpoints import CheckpointingTrainer
-from .logprobs import micro_batch_logprobs
-from .loss import LossFn, LossInputs, get_loss, micro_batch_loss
-from .model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
-from .orchestrator import Batch, Orchestrator
-from .orchestrator_process import begin_orchestrator, orchestrator_options, start_orchestrator
-from .packing import micro_batches_to, plan_micro_batches
-from .reference import frozen_copy, reference_logprobs
-from .tiling import tile_mlps
-from .warmup import server_memory_taken, warm_up
-from .weight_sync import LORA_NAME, make_weight_sync
-from .weights import gathered_weights
+from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
+from vf_rl.orchestrator.orchestrator import Batch, Orchestrator
+from vf_rl.orchestrator.preflight import check_first_batch
+from vf_rl.orchestrator.process import begin_orchestrator, orchestrator_options, start_orchestrator
+from vf_rl.orchestrator.samples import prompt_rows
+from vf_rl.trainer import display
+from vf_rl.trainer.batching import StepsDataset
+from vf_rl.trainer.callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
+from vf_rl.trainer.checkpoints import CheckpointingTrainer
+from vf_rl.trainer.model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
+from vf_rl.trainer.reference import frozen_copy, reference_logprobs
+from vf_rl.trainer.speed.attention import register_attention
+from vf_rl.trainer.speed.logprobs import micro_batch_logprobs
+from vf_rl.trainer.speed.packing import micro_batches_to, plan_micro_batches
+from vf_rl.trainer.speed.tiling import tile_mlps
+from vf_rl.trainer.speed.warmup import server_memory_taken, warm_up
+from vf_rl.trainer.weight_sync import LORA_NAME, make_weight_sync
+from vf_rl.trainer.weights import gathered_weights
 
 
 class RLTrainer(CheckpointingTrainer):
@@ -376,7 +376,7 @@ class RLTrainer(CheckpointingTrainer):
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Roll out the eval rows with the current weights; log ``eval/reward``,
-        ``eval/reward/<func>`` and the rest of :func:`vf_rl.metrics.rollout_metrics`."""
+        ``eval/reward/<func>`` and the rest of :func:`vf_rl.orchestrator.metrics.rollout_metrics`."""
         if not self._eval_rows:
             return {}
         step = self.state.global_step

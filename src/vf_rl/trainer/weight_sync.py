@@ -44,8 +44,7 @@ import torch
 
 from vf_rl.inference.buckets import empty_buffers, pack_buckets, plan_buckets
 from vf_rl.inference.client import InferenceClient
-
-from .weights import export_weights, merged_tensors
+from vf_rl.trainer.weights import export_weights, merged_tensors
 
 LORA_NAME = "vf-rl-lora"
 

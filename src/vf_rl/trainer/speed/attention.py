@@ -17,7 +17,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from .packing import PackedLayout
+from vf_rl.trainer.speed.packing import PackedLayout
 
 ATTN_IMPLEMENTATION = "vf_rl_packed"
 

@@ -53,7 +53,7 @@ def start_server(model: str, extra: list[str], log: Path, timeout: float = 600.0
     from vf_rl.inference.client import wait_for_server
 
     port = _free_port()
-    argv = [sys.executable, "-m", "vf_rl.cli.vllm_server", "--model", model, "--port", str(port), *extra]
+    argv = [sys.executable, "-m", "vf_rl.inference.server", "--model", model, "--port", str(port), *extra]
     with log.open("w") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     if wait_for_server(process, f"http://127.0.0.1:{port}/health", timeout, poll=2.0):
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from vf_rl.env_api import load_environment
     from vf_rl.inference.client import openai_client
-    from vf_rl.metrics import rollout_metrics
+    from vf_rl.orchestrator.metrics import rollout_metrics
 
     try:
         env = load_environment(opts.env_id, **env_args)

@@ -14,7 +14,7 @@ The file::
     learning_rate = 2e-4
 
 writes a merged model directory at ``output_dir``; an RL config then sets ``model`` to it
-(``vf_rl.sft``). Exit status: 0 done; 2 bad input (one line naming the file and key).
+(``vf_rl.sft.train``). Exit status: 0 done; 2 bad input (one line naming the file and key).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if rest:
             raise ConfigError(f"unknown options {' '.join(rest)} (usage: vf-sft @ config.toml)")
         config = load_sft_config(config_path)
-        from vf_rl.sft import load_rows, split_args, train_sft
+        from vf_rl.sft.train import load_rows, split_args, train_sft
 
         split_args(config.trainer.args)  # unknown keys before the rows and the model load
         rows = load_rows(config.data.model_dump() if config.data else None,

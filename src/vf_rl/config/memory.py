@@ -18,14 +18,14 @@ The estimate adds six parts (bytes; activations in the model's bf16):
   (``2 h``; in host memory with ``activation_offloading``) and recomputes one layer at a time,
   whose saved tensors and their gradients are live at once in its backward (twice the per-layer
   count; within 8% of the 8B LoRA peaks at 4k-128k tokens). Layers recorded as CUDA graphs
-  (``torch_compile_mode = "reduce-overhead"``, ``trainer/layer_graphs.py``) count them twice: a
+  (``torch_compile_mode = "reduce-overhead"``, ``trainer/speed/layer_graphs.py``) count them twice: a
   recording's warm-up passes leave a pass's activations in the allocator's cache while its capture
   takes them again from the graphs' pool. ``tiled_mlp`` drops the ``8 I`` /
   ``6 I`` of every layer and adds one tile's (``hidden`` tokens) and their gradients. The count
   follows Korthikanti et al., *Reducing Activation Recomputation in Large Transformer Models*
   (2022), section 4, for these layers, with memory-efficient attention (no ``[s, s]`` scores).
 * **logits**: the log-probs of the trained tokens come from the LM head in chunks
-  (``trainer/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
+  (``trainer/speed/logprobs.py``): the bf16 ``[M, V]`` logits of a pass's ``M`` trained tokens are kept
   when they take at most ``LOGPROB_KEEP_BYTES``, and two float32 chunks of at most
   ``LOGPROB_CHUNK_BYTES`` are live at once.
 * **weight sync**: the ``ipc`` and ``nccl`` transports pack the merged weights into flat buffers
@@ -54,7 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vf_rl.gpus import gpu_total_bytes, trainer_gpu_of, visible_gpus
+from vf_rl.config.gpus import gpu_total_bytes, trainer_gpu_of, visible_gpus
 
 GIB = 2**30
 GPU_80GB_BYTES = 85_520_809_984
@@ -161,7 +161,7 @@ def estimate_trainer_peak(shape: ModelShape, *, lora: bool, tokens_per_pass: int
         trained_tokens_per_pass: the trained (loss) tokens among them, whose log-probs the LM head computes.
         fused_layers: ``torch_compile`` or liger-kernel is on.
         activation_offloading: with ``gradient_checkpointing``, the layers' inputs are in host memory.
-        tiled_mlp: the MLPs keep no intermediates (``trainer/tiling.py``), but one tile's of ``hidden`` tokens.
+        tiled_mlp: the MLPs keep no intermediates (``trainer/speed/tiling.py``), but one tile's of ``hidden`` tokens.
         zero3_processes: DeepSpeed ZeRO-3 shards weights, gradients and optimizer state over this many processes.
         sync_buffers: the weight-sync transport packs the merged weights on the GPU (``ipc``, ``nccl``).
         recorded_layers: the layers are recorded as CUDA graphs (activations counted twice).
@@ -242,7 +242,7 @@ def pass_tokens(a: dict, processes: int = 1, mean_sample_tokens: float | None = 
     tokens, trained = _unpadded_pass(a, processes, micro, sample, trained, budget, bool(mean_sample_tokens),
                                      mean_prompt_tokens)
     if a.get("torch_compile") and a.get("torch_compile_mode") in CUDA_GRAPH_MODES:
-        from vf_rl.trainer.shape_grid import bucket
+        from vf_rl.config.shape_grid import bucket
 
         tokens = bucket(tokens + 1, 64)  # at least one padding segment; the budget's or, one pass, the share's
     return tokens, trained

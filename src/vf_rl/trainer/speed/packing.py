@@ -38,8 +38,9 @@ from itertools import chain, compress
 
 import torch
 
-from .batching import Sample, host_tensor
-from .shape_grid import bucket
+from vf_rl.config.shape_grid import bucket
+from vf_rl.orchestrator.samples import Sample
+from vf_rl.trainer.batching import host_tensor
 
 PACK_MIN_SAVING = 0.1
 """A micro batch runs as one packed row only when that removes at least this share of the
@@ -148,7 +149,7 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
     (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
     if not padding_free:
-        from .batching import shard
+        from vf_rl.trainer.batching import shard
 
         mine = shard(samples, world_size, rank, micro_batch_size)
         return [padded_micro_batch(mine[i:i + micro_batch_size], pad_token_id)
@@ -167,7 +168,7 @@ def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> MicroBatch:
     no row is padded (attention is then plainly causal: no mask to build); the ``[B, T]``
     columns start at the batch's first trained position ``start`` (``T = L - start``), and the
     LM head runs from ``start - 1`` on (``keep``)."""
-    from .batching import first_trained_position, micro_batches
+    from vf_rl.trainer.batching import first_trained_position, micro_batches
 
     mb = micro_batches(samples, len(samples), pad_token_id)[0]
     start = first_trained_position(mb["loss_mask"])

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from vf_rl.memory import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
+from vf_rl.config.memory import LOGPROB_CHUNK_BYTES, LOGPROB_KEEP_BYTES
 
 if TYPE_CHECKING:
-    from .packing import MicroBatch
+    from vf_rl.trainer.speed.packing import MicroBatch
 
 
 try:  # fused per-row log-softmax kernels on CUDA (TRITON_INTERPRET=1 runs them on the CPU in tests)
@@ -239,7 +239,7 @@ class _Identity(torch.nn.Module):
 def _lm_head(model):
     """``(the module holding lm_head, the attribute name)`` when the LM head is a plain
     bias-free ``nn.Linear`` with no logit scaling/softcapping, else None (plain path)."""
-    from .model import base_model
+    from vf_rl.trainer.model import base_model
 
     inner = base_model(model)
     head = getattr(inner, "lm_head", None)
@@ -294,7 +294,7 @@ def packed_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: 
 def _takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the (unwrapped) model's forward takes ``logits_to_keep`` (every current
     transformers decoder model does); read once per model class."""
-    from .model import base_model
+    from vf_rl.trainer.model import base_model
 
     return _forward_takes_logits_to_keep(type(base_model(model)))
 

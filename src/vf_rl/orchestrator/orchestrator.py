@@ -20,14 +20,13 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Callable
 
+from vf_rl.algorithm.advantage import AdvantageFn, compute_advantages, group_mean
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import openai_client
-from vf_rl.metrics import env_metrics, rollout_metrics
-
-from .advantage import AdvantageFn, compute_advantages, group_mean
-from .batching import Sample, exceeds_max_seq_len, rollout_to_samples
-from .filtering import DifficultyFilter
+from vf_rl.orchestrator.filtering import DifficultyFilter
+from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
+from vf_rl.orchestrator.samples import Sample, exceeds_max_seq_len, rollout_to_samples
 
 SERVER_ERRORS = ("APIConnectionError",)
 """Exception names in a rollout's error that mean the server could not be reached (it died or

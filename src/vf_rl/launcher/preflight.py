@@ -1,4 +1,4 @@
-"""``vf-rl @ config.toml --preflight``: the pre-flight report (:mod:`vf_rl.preflight`) of a run,
+"""``vf-rl @ config.toml --preflight``: the pre-flight report (:mod:`vf_rl.orchestrator.preflight`) of a run,
 before the run.
 
     vf-rl @ config.toml --preflight [--preflight-prompts N] [--base-url URL] [--json PATH]
@@ -42,11 +42,11 @@ def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: 
         ConfigError: too few GPUs, or the server's port is taken.
         PreflightError: the server exited or did not answer within ``timeout`` seconds.
     """
-    from vf_rl.cli.launch import build_commands, check_gpus
-    from vf_rl.cli.ports import check_port_free
+    from vf_rl.config.gpus import visible_gpus
     from vf_rl.config.resolved_toml import to_toml
-    from vf_rl.gpus import visible_gpus
     from vf_rl.inference.client import wait_for_server
+    from vf_rl.launcher.launch import build_commands, check_gpus
+    from vf_rl.launcher.ports import check_port_free
 
     gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
     host, port = config.server_address()
@@ -82,8 +82,8 @@ def stop_server(process: subprocess.Popen) -> None:
 
 def memory_report(config: VfRlConfig, lengths: dict) -> dict | None:
     """With trainer GPUs: the memory estimate for the measured sample, prompt and completion
-    lengths (``vf_rl.memory.pass_tokens``), whether it fits an 80 GB GPU, and the ``max_seq_len`` bound."""
-    from vf_rl.memory import estimate_for_run, fit_report, load_shape
+    lengths (``vf_rl.config.memory.pass_tokens``), whether it fits an 80 GB GPU, and the ``max_seq_len`` bound."""
+    from vf_rl.config.memory import estimate_for_run, fit_report, load_shape
 
     if not config.trainer.gpus:
         return None
@@ -105,7 +105,7 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
         raise ConfigError(f"--preflight-prompts must be at least 1, got {prompts}")
     from vf_rl.config.rl_config import RLConfig, resolve_temperature
     from vf_rl.env_api.registry import load_environments
-    from vf_rl.preflight import format_report, run
+    from vf_rl.orchestrator.preflight import format_report, run
 
     try:
         args = RLConfig(**config.trainer.args)

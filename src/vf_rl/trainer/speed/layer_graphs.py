@@ -50,8 +50,8 @@ from collections.abc import Callable, Hashable
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .attention import varlen_applies
-from .packing import PackedLayout
+from vf_rl.trainer.speed.attention import varlen_applies
+from vf_rl.trainer.speed.packing import PackedLayout
 
 _TENSOR = object()  # a tensor's place among a call's arguments
 

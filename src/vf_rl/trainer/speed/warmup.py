@@ -28,9 +28,8 @@ import time
 import torch
 
 from vf_rl.inference.supervision import check_server_alive
-
-from .batching import Sample, prompt_ids
-from .orchestrator import Batch
+from vf_rl.orchestrator.orchestrator import Batch
+from vf_rl.orchestrator.samples import Sample, prompt_ids
 
 SHAPES = (((5, 17, 33, 64), 2, None), ((1, 3, 2), 1, 8))
 """The synthetic batches: (completion lengths in tokens, one group's sample per length up to

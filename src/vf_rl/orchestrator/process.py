@@ -4,7 +4,7 @@ A training step holds the trainer process's GIL most of the time (kernel launche
 optimizer, batching). An orchestrator thread in that process waits for it at every socket read
 and parse, and the rollout path is host-bound: one busy Python thread beside the rollout client
 more than doubled the seconds per batch on an H100 (``benchmarks/generation.py``). Here the
-:class:`~vf_rl.trainer.orchestrator.Orchestrator` runs in a process started with ``spawn``
+:class:`~vf_rl.orchestrator.orchestrator.Orchestrator` runs in a process started with ``spawn``
 (a ``multiprocessing`` manager: each call from the trainer is a request to that process), with
 the same methods. The environment is rebuilt there from the recipe ``load_environment`` gives it
 (``env.recipe``), or unpickled when it has none.
@@ -26,10 +26,9 @@ from multiprocessing.managers import BaseManager, RemoteError
 from typing import Callable
 
 from vf_rl.env_api import Environment, Rollout
+from vf_rl.orchestrator.filtering import DifficultyFilter
+from vf_rl.orchestrator.orchestrator import Batch, Orchestrator, report_progress
 from vf_rl.parent_watch import kill_children, start_parent_watch
-
-from .filtering import DifficultyFilter
-from .orchestrator import Batch, Orchestrator, report_progress
 
 
 def env_source(env: Environment, options: dict | None = None):
@@ -147,7 +146,7 @@ _Manager.register("HostedOrchestrator", _host, exposed=("submit", "submitted", "
 
 
 class OrchestratorProcess:
-    """:class:`~vf_rl.trainer.orchestrator.Orchestrator`'s interface, served by another process,
+    """:class:`~vf_rl.orchestrator.orchestrator.Orchestrator`'s interface, served by another process,
     in two parts: creating it starts the process, which imports vf-rl and rebuilds the
     environment (seconds: the trainer does it while the inference server starts), and
     :meth:`start` builds the orchestrator there once its server is known.
@@ -269,7 +268,7 @@ def start_orchestrator(env: Environment, rows: list[dict], in_process: bool = Tr
                        begun: OrchestratorProcess | None = None, **options):
     """An :class:`OrchestratorProcess` when ``in_process`` and :func:`env_source` can send the
     environment (``begun``: one :func:`begin_orchestrator` started earlier), else an
-    :class:`~vf_rl.trainer.orchestrator.Orchestrator` thread (with a line saying why, when a
+    :class:`~vf_rl.orchestrator.orchestrator.Orchestrator` thread (with a line saying why, when a
     process was asked for). ``options``: ``Orchestrator``'s keyword arguments."""
     if begun is None and in_process:
         begun = begin_orchestrator(env, rows, **options)

@@ -3,13 +3,13 @@ pane (vf-train).
 
     vf-rl @ config.toml [-s SESSION] [--dry-run] [--wait]
     vf-rl @ config.toml --resume          (continue from the last checkpoint)
-    vf-rl @ config.toml --preflight       (can the run learn? a report before the run: vf_rl.cli.preflight)
+    vf-rl @ config.toml --preflight       (can the run learn? a report before the run: vf_rl.launcher.preflight)
     vf-rl prepare-model [--out DIR]
     vf-rl plot RUN_DIR
 
 GPUs are assigned contiguously: inference gets the first ``inference.gpus`` visible devices,
 the trainer the next ``trainer.gpus``; ``gpus = 0`` runs that side on the CPU. With both sides on
-the CPU, the cores are split the same way (``vf_rl.cli.cpus``). Each pane's
+the CPU, the cores are split the same way (``vf_rl.config.cpus``). Each pane's
 output is also written to ``<output_dir>/logs/{inference,trainer}.log``. When the trainer
 ends, its exit status goes to ``<output_dir>/logs/trainer.exit`` and the inference server is
 stopped. ``--wait`` (for scripts) blocks until then and exits with the trainer's status.
@@ -31,14 +31,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vf_rl.cli.cpus import cpu_side_env
-from vf_rl.cli.ports import check_port_free
+from vf_rl.config.cpus import cpu_side_env
+from vf_rl.config.gpus import visible_gpus
 from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig, load_config, parse_at_args, trainer_values
 from vf_rl.config.tools import check_tool_calling
 from vf_rl.config.vllm_flags import check_inference_args, inference_flags
-from vf_rl.gpus import visible_gpus
 from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
+from vf_rl.launcher.ports import check_port_free
 
 EXIT_BAD_INPUT = 2
 
@@ -96,7 +96,7 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
         config_path: the file both read (``vf-rl`` passes the ``resolved.toml`` it wrote).
         gpus: the visible GPU ids to hand out (contiguously, inference first). With no GPU on
             either side, the CPU cores are split instead: the server's first half, the trainer's
-            the rest (``vf_rl.cli.cpus.cpu_side_env``).
+            the rest (``vf_rl.config.cpus.cpu_side_env``).
     """
     n_inf, n_train = config.inference.gpus, config.trainer.gpus
     first_train = 0 if config.inference.shared or node_rank > 0 else n_inf  # nodes >= 1 have no server
@@ -113,7 +113,7 @@ def build_commands(config: VfRlConfig, config_path: Path, gpus: list[str],
         trainer_cpus["DS_ACCELERATOR"] = "cpu"
     inference = PaneCommand("Inference", {"CUDA_VISIBLE_DEVICES": ",".join(inf_gpus), "PYTHONUNBUFFERED": "1",
                                           **lora_env, **secret_env, **server_cpus},
-                            [*entry_point("vf-vllm", "vf_rl.cli.vllm_server"), "@", str(config_path)])
+                            [*entry_point("vf-vllm", "vf_rl.inference.server"), "@", str(config_path)])
     trainer = PaneCommand("Trainer", {"CUDA_VISIBLE_DEVICES": ",".join(train_gpus), "PYTHONUNBUFFERED": "1",
                                       **secret_env, **trainer_cpus},
                           trainer_argv(config, config_path, node_rank))
@@ -124,9 +124,9 @@ def trainer_argv(config: VfRlConfig, config_path: Path, node_rank: int = 0) -> l
     """The trainer's argv on node ``node_rank``: ``vf-train @ cfg`` for one process,
     ``accelerate launch`` for several (with ``--num_machines``/``--machine_rank`` and node 0's
     ``main_address`` when ``trainer.nodes > 1``)."""
-    train = ["-m", "vf_rl.cli.train", "@", str(config_path)]
+    train = ["-m", "vf_rl.trainer.cli", "@", str(config_path)]
     if config.trainer.processes == 1:
-        return [*entry_point("vf-train", "vf_rl.cli.train"), "@", str(config_path)]
+        return [*entry_point("vf-train", "vf_rl.trainer.cli"), "@", str(config_path)]
     accelerate = entry_point("accelerate", "accelerate.commands.launch")
     if len(accelerate) == 1:
         accelerate.append("launch")
@@ -165,13 +165,13 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config
 
 def memory_line(config: VfRlConfig, gpus: list[str] | None, config_path: Path,
                 refuse: bool) -> tuple[bool, str] | None:
-    """``(fits, line)``: the trainer's memory estimate against its GPU (``vf_rl.memory.launch_check``),
+    """``(fits, line)``: the trainer's memory estimate against its GPU (``vf_rl.config.memory.launch_check``),
     or ``None`` for a CPU trainer.
 
     Raises:
         ConfigError: ``refuse`` and the estimate does not fit (``preflight = "strict"`` at launch)."""
-    from vf_rl.gpus import trainer_gpu_of
-    from vf_rl.memory import launch_check
+    from vf_rl.config.gpus import trainer_gpu_of
+    from vf_rl.config.memory import launch_check
 
     checked = launch_check(config, trainer_gpu_of(config, gpus))
     if checked is None:
@@ -356,11 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     if hasattr(signal, "SIGPIPE") and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `vf-rl ... --dry-run | head` ends quietly
     if argv[:1] == ["prepare-model"]:
-        from vf_rl.cli.prepare_model import main as prepare_main
+        from vf_rl.launcher.prepare_model import main as prepare_main
 
         return prepare_main(argv[1:])
     if argv[:1] == ["plot"]:
-        from vf_rl.plot import main as plot_main
+        from vf_rl.trainer.plot import main as plot_main
 
         return plot_main(argv[1:])
     try:
@@ -378,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                             help="run only trainer node K here, in the foreground, without tmux or a server (for "
                                  "SLURM/ssh; `vf-rl @ cfg` alone runs node 0 next to its server in tmux)")
         parser.add_argument("--preflight", action="store_true", help="report whether the run can learn (baseline reward, "
-                            "reward spread, truncation, lengths, failures) and exit; vf_rl.cli.preflight")
+                            "reward spread, truncation, lengths, failures) and exit; vf_rl.launcher.preflight")
         parser.add_argument("--preflight-prompts", type=int, default=None, help="--preflight: training prompts (default 16)")
         parser.add_argument("--base-url", default=None, help="--preflight: a running server's OpenAI root instead of one started")
         parser.add_argument("--json", type=Path, default=None, help="--preflight: also write the report to this JSON file")
@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
             return dry_run(config, config_path, opts.session)
         if opts.preflight:
-            from vf_rl.cli.preflight import preflight
+            from vf_rl.launcher.preflight import preflight
 
             return preflight(config, config_path, opts.preflight_prompts, opts.base_url, opts.json)
         if shutil.which("tmux") is None:

@@ -95,8 +95,8 @@ def config_argv(argv: list[str]) -> list[str]:
     Raises:
         ConfigError: bad config (one line).
     """
-    from vf_rl.cli.launch import server_argv
     from vf_rl.config.schema import load_config, parse_at_args
+    from vf_rl.launcher.launch import server_argv
 
     path, rest = parse_at_args(argv, "vf-vllm")
     return server_argv(load_config(path)) + rest
@@ -228,7 +228,7 @@ def _serve(argv: list[str], inspection) -> int:
     if cpu:
         os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        from vf_rl.cli.cpus import SERVER_CORES_ENV, format_cpu_list
+        from vf_rl.config.cpus import SERVER_CORES_ENV, format_cpu_list
 
         # every core this process may use (vf-rl sets the first half when the trainer shares the CPU)
         os.environ.setdefault(SERVER_CORES_ENV, format_cpu_list(sorted(os.sched_getaffinity(0))))

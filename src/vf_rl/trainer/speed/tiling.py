@@ -83,7 +83,7 @@ def tile_mlps(model: torch.nn.Module) -> int:
 
     Returns:
         the number of MLPs tiled (0 for a model whose layers have no ``mlp``)."""
-    from .model import decoder_layers
+    from vf_rl.trainer.model import decoder_layers
 
     count = 0
     for layer in decoder_layers(model):

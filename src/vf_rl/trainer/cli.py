@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 
-from vf_rl.cli.cpus import apply_trainer_cores
+from vf_rl.config.cpus import apply_trainer_cores
 from vf_rl.config.resolved_toml import write_resolved
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
 
@@ -71,7 +71,7 @@ def _main(argv: list[str] | None) -> int:
     print(f"Loading model {config.model} (config: {config_path})...", flush=True)
     share = config.inference.shared and float(config.inference.args.get("gpu_memory_utilization", 0.9))
     trainer = RLTrainer(model=config.model, env=env, args=args, server_shares_gpu=share)
-    from vf_rl.preflight import PreflightRefused
+    from vf_rl.orchestrator.preflight import PreflightRefused
 
     try:
         trainer.train()

@@ -78,7 +78,7 @@ def measure(rollouts: list, group_size: int, max_tokens: int, max_seq_len: int) 
         rollout: ``p50``/``p95``/``max``/``mean``; ``over_max_seq_len_share``), ``failures`` (``share``, ``kinds``:
         share per kind, ``first``: the first message per kind).
     """
-    from vf_rl.metrics import rollout_metrics
+    from vf_rl.orchestrator.metrics import rollout_metrics
 
     summary = rollout_metrics(rollouts, group_size)
     rewards = [r.reward for r in rollouts]
@@ -243,7 +243,7 @@ def run(env, args, tokenizer, base_url: str, model: str, prompts: int, held_out:
     import time
 
     from vf_rl.inference.client import openai_client
-    from vf_rl.trainer.batching import prompt_rows
+    from vf_rl.orchestrator.samples import prompt_rows
 
     rows = prompt_rows(env.get_dataset(), tokenizer, args.max_prompt_len, args.seed if args.shuffle_dataset else None)
     if not rows:

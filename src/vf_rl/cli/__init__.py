@@ -1,1 +1,0 @@
-"""Command-line entry points: vf-rl (launcher), vf-train, vf-vllm."""
