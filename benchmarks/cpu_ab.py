@@ -76,7 +76,7 @@ def run_variant(config: dict, overrides: dict, out: Path, steps: int, port: int,
     out.mkdir(parents=True, exist_ok=True)
     path = out / "config.toml"
     path.write_text(tomli_w.dumps(data))
-    run = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--wait", "-s", f"vf-rl-ab-{port}"],
+    run = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "--wait", "-s", f"vf-rl-ab-{port}"],
                          capture_output=True, text=True, env=env, stdin=subprocess.DEVNULL)
     if run.returncode != 0:
         log = out / "logs" / "trainer.log"

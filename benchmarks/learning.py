@@ -227,7 +227,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     start = time.perf_counter()
     log = out / "vf-rl.log"
     with log.open("w") as sink:
-        process = subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "-s",
+        process = subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "-s",
                                     f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT,
                                    env={**os.environ, **side_caches(opts, out, "vf-rl")})
         launch_to_step1 = None

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     next_server = start + rng.expovariate(1 / opts.server_every)
     next_trainer = start + rng.expovariate(1 / opts.trainer_every)
     while True:
-        argv = [sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"]
+        argv = [sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "-s", session, "--wait"]
         if launches and any(run_dir.glob("checkpoint-*")):  # killed before the first checkpoint: start over
             argv.insert(-1, "--resume")
         launches += 1

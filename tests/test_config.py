@@ -147,7 +147,7 @@ assert ENTRY_POINT_CASES <= set(CASES)
 
 
 def run(args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=60)
 
 

@@ -26,7 +26,7 @@ from vf_rl.parent_watch import kill_tree
 
 
 def launch(config: Path, session: str, cwd: Path, timeout: float = 900) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"],
+    return subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "-s", session, "--wait"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd)
 
 

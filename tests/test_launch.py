@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 
 from vf_rl.config.schema import load_config
-from vf_rl.launcher.launch import build_commands, gpus_needed, inference_flags, main, server_argv
+from vf_rl.config.vllm_flags import inference_flags
+from vf_rl.inference.server import server_argv
+from vf_rl.launcher.launch import build_commands, gpus_needed
+from vf_rl.launcher.main import main
 
 MINIMAL = '''
 model = "Qwen/Qwen3-4B-Instruct-2507"
@@ -82,7 +85,7 @@ def test_vllm_max_model_len_is_the_trainers_max_seq_len(tmp_path):
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", *args], capture_output=True, text=True,
                           env=env, timeout=60)
 
 
@@ -288,7 +291,7 @@ def test_the_launch_checks_import_neither_torch_nor_vllm(model_dir, tmp_path, tr
     unimported: they are the launch's own start, before either pane runs."""
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra="").replace("Qwen/Qwen3-4B-Instruct-2507", str(model_dir))
                  + trainer_args)
-    code = ("import sys\nfrom vf_rl.launcher.launch import main\n"
+    code = ("import sys\nfrom vf_rl.launcher.main import main\n"
             f"code = main(['@', {str(path)!r}, '--dry-run'])\n"
             "print('imported', code, 'torch' in sys.modules, 'vllm' in sys.modules)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,

@@ -274,7 +274,7 @@ def write_8b(tmp_path: Path, model_dir: Path, **trainer_args) -> Path:
 
 
 def vf_rl(config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), *args],
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), *args],
                           capture_output=True, text=True, timeout=300, cwd=config.parent)
 
 

@@ -29,7 +29,7 @@ REPORT_KEYS = {"config", "model", "env", "prompts", "rollouts_per_example", "sec
 
 
 def preflight(config, server=None, *extra, cwd=None, prompts=4):
-    argv = [sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--preflight", "--preflight-prompts", str(prompts),
+    argv = [sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--preflight", "--preflight-prompts", str(prompts),
             *(["--base-url", f"{server.base_url}/v1"] if server is not None else []), *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=1200, cwd=cwd)
 
@@ -99,7 +99,7 @@ def test_constant_reward_has_no_spread_with_the_server_the_run_starts(model_dir,
 def test_bad_config_exits_2_with_the_dry_run_line(model_dir, tmp_path):
     config = write_cpu_config(tmp_path / "bad.toml", model_dir, tmp_path / "run", 8000, rollouts_per_example=3,
                               batch_size=16)
-    dry = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--dry-run"],
+    dry = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--dry-run"],
                          capture_output=True, text=True, timeout=300)
     result = preflight(config)
     assert dry.returncode == result.returncode == 2
@@ -111,7 +111,7 @@ def test_unreachable_server_exits_1_in_one_line(model_dir, tmp_path):
 
     config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", 8000, rollouts_per_example=4,
                               batch_size=16, micro_batch_size=16, max_tokens=8)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--preflight",
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--preflight",
                              "--base-url", f"http://127.0.0.1:{free_port()}/v1"], capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
@@ -172,7 +172,7 @@ def test_first_batch_check_in_the_trainer(server, model_dir, tmp_path, restore_b
 
 def test_preflight_key_is_checked(model_dir, tmp_path):
     config = write_cpu_config(tmp_path / "bad.toml", model_dir, tmp_path / "run", 8000, preflight="loud")
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--dry-run"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--dry-run"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 2
     assert "preflight: expected one of warn, strict, off, got 'loud'" in result.stderr, result.stderr

@@ -40,7 +40,7 @@ def test_published_environment_trains_through_vf_rl(model_dir, tmp_path, env_id,
                               env_args=env_args, inference_args={"enforce_eager": True, "max_model_len": 1024},
                               run_name="published", micro_batch_size=8, rollouts_per_example=4, batch_size=8,
                               max_steps=2, max_tokens=32, max_seq_len=1024, save_steps=50)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s",
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "-s",
                              f"vf-rl-published-{free_port()}", "--wait"],
                             capture_output=True, text=True, timeout=900, cwd=tmp_path)
     log = out / "logs" / "trainer.log"

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 
 from vf_rl.config.schema import load_config
 from vf_rl.inference.routes import SECRET_HEADER, weight_sync_routes
-from vf_rl.launcher.launch import build_commands, server_argv
+from vf_rl.inference.server import server_argv
+from vf_rl.launcher.launch import build_commands
 
 
 class RecordingEngine:
@@ -88,7 +89,7 @@ gpus = 1
     assert "VF_RL_WEIGHT_SECRET" not in inference.env
     argv = server_argv(config)
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # the trainer's resolved host
-    dry = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--dry-run"],
+    dry = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "--dry-run"],
                          capture_output=True, text=True, env={"CUDA_VISIBLE_DEVICES": "0,1", "PATH": "/usr/bin:/bin"})
     assert "VF_RL_WEIGHT_SECRET='<generated>'" in dry.stdout.replace("=<generated>", "='<generated>'")
     assert secret not in dry.stdout
@@ -99,11 +100,11 @@ def test_plot_command(tmp_path):
                 "timing/train_s": 3.0, "timing/wait_s": 0.5, "timing/sync_s": 0.2, "timing/generation_s": 2.0}
                for s in range(1, 6)] + [{"step": 0, "eval/reward": 0.05}, {"step": 5, "eval/reward": 0.4}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "plot", str(tmp_path)],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "plot", str(tmp_path)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     png = tmp_path / "metrics.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
-    missing = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "plot", str(tmp_path / "nope")],
+    missing = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "plot", str(tmp_path / "nope")],
                              capture_output=True, text=True)
     assert missing.returncode == 2 and "metrics.jsonl not found" in missing.stderr

@@ -156,7 +156,7 @@ def test_print_commands_gives_every_node_its_command(model_dir, tmp_path, gpus):
         "trainer": {"gpus": gpus, "nodes": 3, "main_address": "10.1.2.3:29500",
                     "args": {"batch_size": 48, "rollouts_per_example": 4, "micro_batch_size": 4}}}))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(8))}
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--print-commands"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "--print-commands"],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -167,6 +167,6 @@ def test_print_commands_gives_every_node_its_command(model_dir, tmp_path, gpus):
         assert f"--num_processes {max(gpus, 1) * 3}" in line
         if gpus:  # node 0 shares its machine with the server (GPU 0); the other nodes use GPUs 0-3
             assert f"CUDA_VISIBLE_DEVICES={'1,2,3,4' if rank == 0 else '0,1,2,3'}" in line
-    bad = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(path), "--node-rank", "3"],
+    bad = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "--node-rank", "3"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2 and "--node-rank 3: trainer.nodes = 3" in bad.stderr

@@ -37,7 +37,7 @@ def model_with_template(model_dir: Path, target: Path, template: str) -> Path:
 
 
 def dry_run(config: Path, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "--dry-run"],
+    return subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--dry-run"],
                           capture_output=True, text=True, timeout=300, cwd=cwd, env=env)
 
 

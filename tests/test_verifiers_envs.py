@@ -140,7 +140,7 @@ def test_untrainable_v1_feature_exits_2_in_one_line(model_dir, tmp_path, vf_envs
     config = write_cpu_config(tmp_path / "relay.toml", model_dir, tmp_path / "run", free_port(),
                               env_id="vfx-reverse-text-v1",
                               env_args={"agent": {"client": {"type": "eval", "base_url": "http://127.0.0.1:1/v1"}}})
-    module = "vf_rl.launcher.launch" if command.startswith("vf-rl") else "vf_rl.trainer.cli"
+    module = "vf_rl.launcher.main" if command.startswith("vf-rl") else "vf_rl.trainer.cli"
     argv = [sys.executable, "-m", module, "@", str(config), *(["--dry-run"] if "dry" in command else [])]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert result.returncode == 2, (result.stdout + result.stderr)[-3000:]
@@ -166,7 +166,7 @@ def test_env_id_precedence_and_error(tmp_path, monkeypatch):
 
 
 def test_console_script_shadowing_is_reported(tmp_path):
-    (tmp_path / "vf-rl").write_text("from vf_rl.launcher.launch import main\n")
+    (tmp_path / "vf-rl").write_text("from vf_rl.launcher.main import main\n")
     assert check_console_scripts(tmp_path) is None
     (tmp_path / "vf-eval").write_text("from verifiers.legacy.scripts.eval import main\n")
     message = check_console_scripts(tmp_path)
@@ -337,7 +337,7 @@ def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path, env_i
                               env_args=env_args, inference_args={"enforce_eager": True, "max_model_len": 512},
                               run_name="vfx", micro_batch_size=8, rollouts_per_example=4, batch_size=8,
                               max_steps=2, max_tokens=16, save_steps=50)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "-s", session, "--wait"],
                             capture_output=True, text=True, timeout=900, cwd=tmp_path)
     log = out / "logs" / "trainer.log"
     assert result.returncode == 0, (result.stdout, result.stderr, log.read_text()[-3000:] if log.exists() else "")

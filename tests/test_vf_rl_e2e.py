@@ -21,7 +21,7 @@ def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):
                               inference_args={"enforce_eager": True, "max_model_len": 512}, run_name="e2e",
                               micro_batch_size=8, rollouts_per_example=4, batch_size=16, max_steps=2, max_tokens=16,
                               save_steps=50)
-    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.launch", "@", str(config), "-s", session, "--wait"],
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "-s", session, "--wait"],
                             capture_output=True, text=True, timeout=900, cwd=tmp_path)
     trainer_log = (out / "logs" / "trainer.log").read_text() if (out / "logs" / "trainer.log").exists() else ""
     assert result.returncode == 0, (result.stdout, result.stderr, trainer_log[-3000:])

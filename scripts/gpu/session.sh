@@ -283,9 +283,9 @@ learning_rate = 1e-5
 torch_compile = false
 ${BIG_EXTRA:-}
 TOML
-  python3 -m vf_rl.launcher.launch @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
+  python3 -m vf_rl.launcher.main @ /tmp/runs/big.toml --dry-run 2>&1 | grep -a "gpu_memory_utilization\|trainer memory" | tee $OUT/big-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/big.gpumem.log & \
-    mon=\$!; timeout ${LIMIT:-1500} python3 -m vf_rl.launcher.launch @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1; \
+    mon=\$!; timeout ${LIMIT:-1500} python3 -m vf_rl.launcher.main @ /tmp/runs/big.toml --wait -s big > /tmp/e2e/big.log 2>&1; \
     kill \$mon"
   ;;
 model)  # makes the random-weight model MODEL_CONFIG (default llama-3.1-8b) once, before lanes that share it start
@@ -311,9 +311,9 @@ rollouts_per_example = 4
 learning_rate = 1e-6
 $(printf '%b' "${TRAINER_ARGS:-}")
 TOML
-  python3 -m vf_rl.launcher.launch @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
+  python3 -m vf_rl.launcher.main @ /tmp/runs/$name.toml --dry-run > $OUT/$name-dry-run.txt 2>&1; tail -n 5 $OUT/$name-dry-run.txt
   background "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/$name.gpumem.log & \
-    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.launcher.launch @ /tmp/runs/$name.toml --wait -s ${name//./-} > /tmp/e2e/$name.log 2>&1; \
+    mon=\$!; timeout ${LIMIT:-1200} python3 -m vf_rl.launcher.main @ /tmp/runs/$name.toml --wait -s ${name//./-} > /tmp/e2e/$name.log 2>&1; \
     kill \$mon"
   ;;
 scaling)

@@ -38,7 +38,7 @@ save_steps = 1000
 vllm_server_port = $PORT
 TOML
 start=$(date +%s)
-timeout ${LIMIT:-360} python3 -m vf_rl.launcher.launch @ /tmp/runs/$NAME.toml --wait -s $NAME
+timeout ${LIMIT:-360} python3 -m vf_rl.launcher.main @ /tmp/runs/$NAME.toml --wait -s $NAME
 code=$?
 echo "[$NAME] vf-rl exit $code after $(( $(date +%s) - start )) s"
 grep -ah "Weight sync\|Step [0-9]\|Error\|error" /tmp/runs/$NAME/logs/trainer.log | tail -15

@@ -139,3 +139,13 @@ def rl_fields() -> dict[str, dataclasses.Field]:
     """RLArgs' fields by name (vf-rl's keys and the TrainingArguments defaults it changes),
     the older names left out."""
     return {f.name: f for f in dataclasses.fields(RLArgs) if not f.metadata.get("older_name")}
+
+
+class SamplingArgs(dict):
+    """Chat-completion arguments that know which of their keys only hold a built-in default
+    (``defaults``: top-level names, and ``extra_body.<name>`` inside ``extra_body``): an
+    environment's own value replaces those, never the ones a user set."""
+
+    def __init__(self, values=(), defaults=()):
+        super().__init__(values)
+        self.defaults = frozenset(defaults)

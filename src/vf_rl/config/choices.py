@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
 
 from vf_rl.config.args import rl_fields
+from vf_rl.config.errors import ConfigError
 
 
 class Option(BaseModel):
@@ -201,7 +202,6 @@ def run_choices(a: dict[str, Any], p: str = "") -> RunChoices:
             naming the key, the options that read it and the run's choice; or a value of the
             wrong type for its option.
     """
-    from vf_rl.config.rules import ConfigError
 
     defaults = {name: f.default for name, f in rl_fields().items()}
     picked = {}

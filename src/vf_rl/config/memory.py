@@ -277,8 +277,8 @@ def estimate_for_run(config, shape: ModelShape | None = None, mean_sample_tokens
 
     Raises:
         ValueError: as :func:`load_shape`."""
+    from vf_rl.config.layout import layout_devices, trainer_values
     from vf_rl.config.rules import choose_weight_sync
-    from vf_rl.config.schema import layout_devices, trainer_values
 
     a = trainer_values(config)
     shape = shape or load_shape(config.model)
@@ -308,7 +308,7 @@ def fit_report(config, estimate: MemoryEstimate, gpu_bytes: int = GPU_80GB_BYTES
     """``(fits, one line)``: the estimate plus vLLM's share (``shared = true``:
     :func:`inference_bytes`) and ``CUDA_OVERHEAD_BYTES`` against ``gpu_bytes``, and what to
     change when it does not fit."""
-    from vf_rl.config.schema import trainer_values
+    from vf_rl.config.layout import trainer_values
 
     a = trainer_values(config)
     vllm = inference_bytes(config, gpu_bytes) if config.inference.shared else 0

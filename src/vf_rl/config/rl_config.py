@@ -12,10 +12,9 @@ from typing import Any
 
 from transformers import TrainingArguments
 
-from vf_rl.config.args import SAMPLING_DEFAULTS, RLArgs, rl_fields
+from vf_rl.config.args import SAMPLING_DEFAULTS, RLArgs, SamplingArgs, rl_fields
 from vf_rl.config.defaults import DERIVED_FROM, origin, resolve_trainer_args
 from vf_rl.config.rules import check_trainer_args, check_types
-from vf_rl.env_api.environment import SamplingArgs
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -12,7 +12,6 @@ file's GPU layout and the trainer to the devices it finds.
 
 from __future__ import annotations
 
-import difflib
 import typing
 from functools import lru_cache
 from typing import Any
@@ -21,6 +20,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from vf_rl.config.args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
 from vf_rl.config.choices import run_choices
+from vf_rl.config.errors import ConfigError, suggest
 from vf_rl.config.training_arguments import training_arguments_types
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
@@ -29,16 +29,6 @@ LOSS_TYPES = ("cispo", "dapo")
 """Built-in losses (``algorithm/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
 ADVANTAGE_TYPES = ("group_mean", "group_mean_std")
 """Built-in advantages (``algorithm/advantage.py``'s ``ADVANTAGES``); ``"module:function"`` names another."""
-
-
-class ConfigError(ValueError):
-    """A bad config: the message is one line naming the key (and the file, from the TOML path)."""
-
-
-def suggest(key: str, valid) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``valid``, or ``""``."""
-    match = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.6)
-    return f" (did you mean '{match[0]}'?)" if match else ""
 
 
 @lru_cache(maxsize=1)
@@ -251,7 +241,7 @@ def choose_weight_sync(requested: str, trainer_device: str, server_devices: list
                        server_is_local: bool = True) -> str:
     """The weight-sync transport for where the trainer and the server's workers run: ``auto``
     resolved, any other choice checked. The launcher asks with the devices of the file's GPU
-    layout (``schema.layout_devices``), the trainer again with the devices it finds.
+    layout (``layout.layout_devices``), the trainer again with the devices it finds.
 
     Args:
         requested: one of ``WEIGHT_SYNC_CHOICES``.

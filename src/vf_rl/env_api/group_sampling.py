@@ -24,8 +24,8 @@ import inspect
 import json
 from typing import Any
 
-from vf_rl.env_api.environment import Rollout, Turn, merge_sampling_args, post_json, prompt_messages, row_info, set_error
 from vf_rl.env_api.parsers import Messages
+from vf_rl.env_api.rollout import Rollout, Turn, merge_sampling_args, post_json, prompt_messages, row_info, set_error
 
 COMPLETION_KEYS = frozenset({"max_tokens", "temperature", "top_p", "stop", "seed", "presence_penalty",
                              "frequency_penalty", "logit_bias", "user"})

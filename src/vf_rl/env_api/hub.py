@@ -8,30 +8,13 @@ data with a warning; ``"hub"`` fails if the hub does; ``"offline"`` never touche
 from __future__ import annotations
 
 import logging
-import os
 from typing import Callable, TypeVar
+
+from vf_rl.config.hub import hub_offline, hub_reachable  # noqa: F401  (this module's API)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 SOURCES = ("auto", "hub", "offline")
-
-
-def hub_offline() -> bool:
-    """True when ``HF_HUB_OFFLINE=1`` or ``HF_DATASETS_OFFLINE=1``."""
-    return os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """Whether the hub answers within ``timeout`` seconds (``HF_ENDPOINT``, proxies honoured).
-    Saves ``datasets``' retries (about 25 s) on a machine without network."""
-    import httpx
-
-    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        httpx.head(endpoint, timeout=timeout)
-        return True
-    except httpx.HTTPError:
-        return False
 
 
 def check_source(source: str, env_name: str) -> None:

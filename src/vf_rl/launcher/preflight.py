@@ -24,7 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vf_rl.config.schema import LOOPBACK, ConfigError, VfRlConfig
+from vf_rl.config.layout import LOOPBACK
+from vf_rl.config.schema import ConfigError, VfRlConfig
 
 EXIT_CHECK_FAILED = 1
 DEFAULT_PROMPTS = 16

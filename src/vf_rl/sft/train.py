@@ -81,7 +81,7 @@ def load_rows(data: dict | None, env: dict | None) -> list[dict]:
         raise ConfigError("give either [data] (path = file or dataset) or [env] (id = environment), not "
                           + ("both" if data is not None else "neither"))
     if env is not None:
-        from vf_rl import load_environment
+        from vf_rl.env_api import load_environment
 
         try:
             environment = load_environment(env["id"], **env.get("args", {}))

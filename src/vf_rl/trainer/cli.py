@@ -22,6 +22,7 @@ import sys
 from vf_rl.config.cpus import apply_trainer_cores
 from vf_rl.config.resolved_toml import write_resolved
 from vf_rl.config.schema import ConfigError, load_config, parse_at_args
+from vf_rl.env_api.checks import check_environments
 
 EXIT_BAD_INPUT = 2
 EXIT_ALL_FAILED = 1
@@ -49,12 +50,14 @@ def _main(argv: list[str] | None) -> int:
         # sized for every core but pinned to fewer makes each training step many times slower
         apply_trainer_cores()
         config = load_config(config_path)
+        check_environments(config, config_path)
         if config.origins:  # resolved here (not vf-rl's resolved.toml): the run's record of what it uses
             write_resolved(config)
     except (ValueError, OSError) as exc:  # ConfigError, a bad VF_RL_CPU_CORES, an unwritable output_dir
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.config.rl_config import RLConfig
+    from vf_rl.trainer.trainer import RLTrainer
     from vf_rl.env_api.registry import load_environments
 
     try:
