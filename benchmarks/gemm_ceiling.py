@@ -75,7 +75,7 @@ def timed(fn, device, reps: int, calls: int = 20) -> float:
     timing is ``calls`` calls recorded as one CUDA graph and replayed between two CUDA events, /
     ``calls``: the kernels back to back with no launch between them, as the trainer's recorded
     layers run them (timed one launch at a time, a rank-16 LoRA product read ~34 us on an H200,
-    the launch's latency, not the kernel's; RESULTS.md, au). Where ``fn`` cannot be recorded the
+    the launch's latency, not the kernel's). Where ``fn`` cannot be recorded the
     ``calls`` run back to back from the host instead."""
     for _ in range(3 if reps > 1 else 0):
         fn()

@@ -606,7 +606,7 @@ def keep_published_adapters(trainer_module) -> None:
     TRL 1.16 deletes a version's directory one sync after it unloads that version from the server,
     while requests that name it can still wait in the server's queue (hundreds of rollouts, up to
     ``max_staleness`` versions back): vLLM then reloads the adapter from the deleted directory and
-    its engine dies (``LoRAAdapterNotFoundError``; RESULTS (ai)). The module's ``rmtree`` skips
+    its engine dies (``LoRAAdapterNotFoundError``, seen on an H200 on 2026-11-28). The module's ``rmtree`` skips
     published version directories (``.vllm_lora/<name>-v<N>``) and still removes staging ones
     (``.vllm_lora/.<name>-v<N>.tmp``) and every other path. A LoRA r8 adapter of a 135M model is
     ~5 MB per step on disk.
