@@ -169,6 +169,7 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from vf_rl import RLConfig, load_environment
+    from vf_rl.config.sections import OrchestratorConfig
     from vf_rl.env_api import Environment
     from vf_rl.launcher.eval import start_server
     from vf_rl.orchestrator.orchestrator import Orchestrator
@@ -199,8 +200,9 @@ def main(argv=None) -> int:
             print(f"generation: vf-vllm {i} answered /health {server_start_s[-1]} s after it started", flush=True)
         base_url = urls[0] if len(urls) == 1 else urls
     results = {}
-    options = dict(base_url=base_url, model_name=opts.model, batch_size=args.batch_size,
-                   rollouts_per_example=opts.rollouts, sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len)
+    options = dict(base_url=base_url, model_name=opts.model,
+                   config=OrchestratorConfig(batch_size=args.batch_size, rollouts_per_example=opts.rollouts,
+                                             sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len))
     try:
         for path in opts.paths.split(","):
             if path == "group-process":

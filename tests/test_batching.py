@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from vf_rl.algorithm.advantage import ADVANTAGES, compute_advantages, get_advantage, group_mean, group_mean_std
+from vf_rl.algorithm.advantage import compute_advantages, get_advantage, group_mean, group_mean_std
+from vf_rl.config.choices import builtin_functions
 from vf_rl.config.rules import ConfigError
 from vf_rl.env_api import Rollout, Turn
 from vf_rl.orchestrator.samples import Sample, exceeds_max_seq_len, rollout_to_samples
@@ -53,7 +54,8 @@ def test_advantage_inputs_carry_lengths_and_resolve_by_name():
 
     advantages = compute_advantages(length_penalty, rollouts([1.0, 0.0], lengths=[3, 5]), 2)
     assert seen["tokens"] == [[3, 5]] and advantages == pytest.approx([0.5 - 0.03, -0.5 - 0.05])
-    assert set(ADVANTAGES) == {"group_mean", "group_mean_std"} and get_advantage("group_mean_std") is group_mean_std
+    assert set(builtin_functions("advantage")) == {"group_mean", "group_mean_std"}
+    assert get_advantage("group_mean_std") is group_mean_std
     assert get_advantage("vf_rl.algorithm.advantage:group_mean") is group_mean
     with pytest.raises(ConfigError, match="advantage_type: expected one of group_mean, group_mean_std"):
         get_advantage("std")

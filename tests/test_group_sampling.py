@@ -13,6 +13,7 @@ import pytest
 from datasets import Dataset
 from transformers import AutoTokenizer
 
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import MultiTurnEnv, Rubric, SingleTurnEnv, load_environment
 from vf_rl.env_api.environment import Environment, Turn
 from vf_rl.env_api.errors import ModelServerError
@@ -233,8 +234,9 @@ def test_start_orchestrator_falls_back_to_a_thread_and_says_why(capsys):
         return 1.0
 
     local = SingleTurnEnv(dataset=Dataset.from_list([{"question": "q", "answer": "a"}]), rubric=Rubric(funcs=[reward]))
-    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,
-                   sampling_args={"max_tokens": 4}, max_seq_len=64)
+    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m",
+                   config=OrchestratorConfig(batch_size=2, rollouts_per_example=2, sampling_args={"max_tokens": 4},
+                                             max_seq_len=64))
     orchestrator = start_orchestrator(local, [{"prompt": "q", "row_id": 0}], True, **options)
     try:
         assert isinstance(orchestrator, Orchestrator) and "a thread in the trainer process" in capsys.readouterr().out
@@ -250,8 +252,9 @@ def test_orchestrator_process_starts_before_its_server_and_reports_a_failed_envi
     one begun and never started closes cleanly (the trainer's wait for the server failed); an
     environment that fails to rebuild there is one RuntimeError at ``start``, naming the cause."""
     env = reverse_text()
-    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m", batch_size=2, rollouts_per_example=2,
-                   sampling_args={"max_tokens": 4}, max_seq_len=64)
+    options = dict(base_url="http://127.0.0.1:9/v1", model_name="m",
+                   config=OrchestratorConfig(batch_size=2, rollouts_per_example=2, sampling_args={"max_tokens": 4},
+                                             max_seq_len=64))
     begun = begin_orchestrator(env, [{"prompt": "q", "row_id": 0}], advantage_fn=pickle.loads)
     assert isinstance(begun, OrchestratorProcess)
     process = begun._manager._process
@@ -272,11 +275,13 @@ print("top level ran", flush=True)  # no main guard: spawn must not run this aga
 from transformers import AutoTokenizer
 from vf_rl.env_api import load_environment
 from vf_rl.orchestrator.samples import prompt_rows
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.orchestrator.process import OrchestratorProcess, env_source
 env = load_environment("reverse-text", few_shot=2, source="offline")
 rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(sys.argv[2]), 512)[:4]
-options = dict(base_url=sys.argv[1], model_name=sys.argv[2], batch_size=2, rollouts_per_example=2,
-               sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=600)
+options = dict(base_url=sys.argv[1], model_name=sys.argv[2],
+               config=OrchestratorConfig(batch_size=2, rollouts_per_example=2,
+                                         sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=600))
 orchestrator = OrchestratorProcess(env_source(env, options), rows).start(**options)
 print("batch", len(orchestrator.wait(0).rollouts), flush=True)
 orchestrator.close()
@@ -305,8 +310,9 @@ def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
     samples, and a batch whose every rollout failed raises here as in the thread."""
     env = reverse_text()
     rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(model_dir), 512)[:8]
-    options = dict(base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4, rollouts_per_example=2,
-                   sampling_args={"max_tokens": 6, "temperature": 1.0}, max_seq_len=600)
+    options = dict(base_url=f"{server.base_url}/v1", model_name=server.model,
+                   config=OrchestratorConfig(batch_size=4, rollouts_per_example=2,
+                                             sampling_args={"max_tokens": 6, "temperature": 1.0}, max_seq_len=600))
     orchestrator = OrchestratorProcess(env_source(env, options), rows).start(**options)
     try:
         orchestrator.submit(0)

@@ -6,17 +6,18 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from plain_logprobs import policy_logprobs
 
 from vf_rl.algorithm.loss import (
-    LOSSES,
     LossInputs,
     cispo_loss,
     dapo_loss,
     get_loss,
     micro_batch_loss,
 )
+from vf_rl.config.choices import builtin_functions
 from vf_rl.config.rules import ConfigError
-from vf_rl.trainer.speed.logprobs import policy_logprobs, selective_logprobs
+from vf_rl.trainer.speed.logprobs import selective_logprobs
 
 ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0)
 
@@ -175,7 +176,7 @@ def test_dapo_gradient_is_zero_exactly_where_the_clip_binds():
 
 def test_losses_resolve_by_name_and_module_path():
     assert get_loss("cispo") is cispo_loss and get_loss("dapo") is dapo_loss
-    assert set(LOSSES) == {"cispo", "dapo"}
+    assert set(builtin_functions("loss")) == {"cispo", "dapo"}  # each registered by its option
     assert get_loss("vf_rl.algorithm.loss:dapo_loss") is dapo_loss
     with pytest.raises(ConfigError, match="loss_type: expected one of cispo, dapo"):
         get_loss("ppo")

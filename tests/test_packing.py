@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 import torch
+from plain_logprobs import policy_logprobs
 
 from vf_rl.orchestrator.samples import Sample
 from vf_rl.trainer.batching import first_trained_position, micro_batches
@@ -14,7 +15,6 @@ from vf_rl.trainer.speed.logprobs import (
     chunked_logprobs,
     packed_policy_logprobs,
     padded_policy_logprobs,
-    policy_logprobs,
     selective_logprobs,
 )
 from vf_rl.trainer.speed.packing import (

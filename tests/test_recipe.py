@@ -13,6 +13,7 @@ import pytest
 from conftest import write_cpu_config
 from test_algorithm import run_vf_train
 
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.orchestrator.filtering import DifficultyFilter
 from vf_rl.orchestrator.orchestrator import Orchestrator
 
@@ -33,9 +34,10 @@ def spread_env():
 
 
 def filtered_batch(server, rows, env, difficulty_filter, step=0):
-    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=8,
-                        rollouts_per_example=4, sampling_args={"max_tokens": 8, "temperature": 1.0},
-                        max_seq_len=256, difficulty_filter=difficulty_filter)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                        difficulty_filter=difficulty_filter,
+                        config=OrchestratorConfig(batch_size=8, rollouts_per_example=4,
+                                                  sampling_args={"max_tokens": 8, "temperature": 1.0}, max_seq_len=256))
     try:
         return orch.wait(step)
     finally:

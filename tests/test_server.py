@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from vf_rl.config.schema import read_toml
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import load_environment
 from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import InferenceClient
@@ -55,9 +56,10 @@ def trainer_logprobs(model, samples, temperature, pad_token_id):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_orchestrator_batch_tokens_and_logprobs_match_trainer(server, env, tokenizer, temperature):
     rows = [env.get_dataset()[i] for i in range(4)]
-    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=8,
-                        rollouts_per_example=4,
-                        sampling_args={"max_tokens": 16, "temperature": temperature}, max_seq_len=256)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                        config=OrchestratorConfig(batch_size=8, rollouts_per_example=4,
+                                                  sampling_args={"max_tokens": 16, "temperature": temperature},
+                                                  max_seq_len=256))
     try:
         batch = orch.wait(0)
     finally:
@@ -166,8 +168,9 @@ def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, 
     client = InferenceClient(port=server.port)
     sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120)
     orchestrator = Orchestrator(env, [env.get_dataset()[i] for i in range(2)], base_url=f"{server.base_url}/v1",
-                                model_name=server.model, batch_size=4, rollouts_per_example=2,
-                                sampling_args={"max_tokens": 8, "temperature": 1.0}, max_seq_len=512)
+                                model_name=server.model,
+                                config=OrchestratorConfig(batch_size=4, rollouts_per_example=2,
+                                                          sampling_args={"max_tokens": 8, "temperature": 1.0}, max_seq_len=512))
     try:
         assert sync.overlaps
         pushing = sync.push_async(policy)
@@ -260,9 +263,9 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
     ds = Dataset.from_list([{"question": "Say hi.", "answer": "ok"}, {"question": "Say yo.", "answer": "bad"}])
     picky_env = SingleTurnEnv(dataset=ds, rubric=Rubric(funcs=[picky]))
     rows = list(picky_env.get_dataset())
-    orch = Orchestrator(picky_env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4,
-                        rollouts_per_example=2,
-                        sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=256)
+    orch = Orchestrator(picky_env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                        config=OrchestratorConfig(batch_size=4, rollouts_per_example=2,
+                                                  sampling_args={"max_tokens": 4, "temperature": 1.0}, max_seq_len=256))
     try:
         batch = orch.wait(0)
         assert batch.metrics["errors/rate"] == batch.metrics["errors/reward"] == 0.5
@@ -319,9 +322,10 @@ def test_rollouts_longer_than_max_seq_len_are_truncated_and_masked(server, env, 
     rows = [env.get_dataset()[i] for i in range(2)]
     prompt_len = max(len(tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=True,
                                                        return_dict=False)) for r in rows)
-    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=8,
-                        rollouts_per_example=4, sampling_args={"max_tokens": 12, "temperature": 1.0},
-                        max_seq_len=prompt_len + 2, mask_truncated_completions=True)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                        config=OrchestratorConfig(batch_size=8, rollouts_per_example=4,
+                                                  sampling_args={"max_tokens": 12, "temperature": 1.0},
+                                                  max_seq_len=prompt_len + 2, mask_truncated_completions=True))
     try:
         batch = orch.wait(0)
     finally:
@@ -365,8 +369,9 @@ def test_string_prompts_train_through_the_orchestrator(server, tokenizer):
     env = SingleTurnEnv(dataset=Dataset.from_list([{"prompt": "Say hello.", "answer": ""},
                                                    {"prompt": "Say bye.", "answer": ""}]))
     rows = prompt_rows(env.get_dataset(), tokenizer, 512)
-    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model, batch_size=4,
-                        rollouts_per_example=2, sampling_args={"max_tokens": 6}, max_seq_len=256)
+    orch = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                        config=OrchestratorConfig(batch_size=4, rollouts_per_example=2, sampling_args={"max_tokens": 6},
+                                                  max_seq_len=256))
     try:
         batch = orch.wait(0)
     finally:

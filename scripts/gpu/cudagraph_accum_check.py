@@ -44,7 +44,7 @@ from vf_rl.orchestrator.samples import Sample
 from vf_rl.trainer.model import compile_stack
 from vf_rl.trainer.speed.attention import register_attention
 from vf_rl.trainer.speed.logprobs import packed_policy_logprobs
-from vf_rl.trainer.speed.packing import packed_micro_batch, pad_to_buckets
+from vf_rl.trainer.speed.packing import micro_batches_to, packed_micro_batch, pad_to_buckets
 
 CONFIG = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
               vocab_size=512)
@@ -139,7 +139,7 @@ def layouts(device: str, micro_batches: int, tol: float, sizes: bool = False) ->
             model.zero_grad(set_to_none=True)
             logprobs = []
             for mb in batches:
-                lp, _ = packed_policy_logprobs(model, mb.to(device))
+                lp, _ = packed_policy_logprobs(model, micro_batches_to([mb], device)[0])
                 (lp.float() * mb.advantages.to(device)[:, None]).sum().backward()
                 logprobs.append(lp.detach().float().flatten())
             results.append((torch.cat(logprobs), grads(model)))

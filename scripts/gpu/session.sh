@@ -35,7 +35,7 @@
 #            rollouts, MAXTOK default 128, STEPS default 30, vLLM with CUDA graphs), then benchmarks/scaling.py;
 #            MODEL_CONFIG (a trainer_step.py config, e.g. llama-1b) runs random weights of that shape instead
 #   plan   : PLAN=scripts/gpu/plans/NAME.sh, lanes of parts (FG=1) on their own GPUs in one background session, so that
-#            one call starts a whole GPU session's work (e.g. plans/x4-next.sh on a 4-GPU host); `poll` collects.
+#            one call starts a whole GPU session's work (e.g. plans/x4-dp.sh on a 4-GPU host); `poll` collects.
 #            The device tool gives the machine back ~30 s after a call ends, background plan or not: call `poll`
 #            again at once (POLL_S near the call's limit), and do local work only after the plan is collected
 #   pair   : the learning benchmark's sides at once, one GPU each, optionally after vf-sft (WARM=1), one table of both
@@ -338,8 +338,7 @@ plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the 
   # FG=1 one after the other on its own GPUs), started in its own session after the bundle is unpacked (this call);
   # its log is /tmp/e2e/plan.log, what its parts write to $OUT goes to /tmp/e2e/out; `poll` waits for it and collects
   # The plan runs in a copy of the tree (/tmp/plan-tree), its PYTHONPATH too (env.sh sourced there): each later
-  # `run` call replaces the working tree, and a process importing vf_rl at that moment fails (ModuleNotFoundError,
-  # RESULTS aj)
+  # `run` call replaces the working tree, and a process importing vf_rl at that moment fails (ModuleNotFoundError)
   mkdir -p /tmp/e2e/out; rm -rf /tmp/plan-tree; mkdir -p /tmp/plan-tree
   tar --exclude=./.git --exclude=./.venv --exclude=./.gpu --exclude='./.c[0-9]' -cf - . | tar -xf - -C /tmp/plan-tree
   (cd /tmp/plan-tree && source scripts/gpu/env.sh && OUT=/tmp/e2e/out setsid nohup bash "$PLAN" > /tmp/e2e/plan.log 2>&1 &)

@@ -1,14 +1,13 @@
 #!/bin/bash
 # One GPU on a host of its own (~24 minutes after the transfers, in order of need; cut where device time ends): issue
 # 29's two Llama-1.2B fixed-length cases (64 x (256 + 256) tokens, micro batch 8) against trl-compile-liger, back to
-# back, with the step's start made shorter since (av): the micro batches' host tensors built through numpy and copied
-# in one pinned buffer per dtype (av's profiled LoRA step: ~11 ms between the step's start and its first kernel, 88
-# pageable copies). (av) ran beside a 384k lane: LoRA 1.275x (81,319 against 63,771), full 1.19x.
+# back, inductor and Triton caches emptied before each side (benchmarks/RESULTS.md, Trainer step at fixed length:
+# LoRA 1.37-1.39x, full 1.20x on 2026-11-30).
 #   1 (~12 min): Llama-1.2B LoRA, vf-rl then trl-compile-liger, then trl-compile-liger then vf-rl
-#   2 (~2 min): Llama-1.2B LoRA profiled with its trace (the step's start and end against av's)
+#   2 (~2 min): Llama-1.2B LoRA profiled with its trace (the step's start and end)
 #   3 (~6 min): Llama-1.2B full, vf-rl then trl-compile-liger
-#   4 (~2 min): Llama-1.2B full profiled with its trace (where (au)'s 26.5 ms of gaps between kernels fall)
-#   5 (~2 min): the small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled ((av) 0.060 s)
+#   4 (~2 min): Llama-1.2B full profiled with its trace (where the gaps between kernels fall)
+#   5 (~2 min): the small step (SmolLM2 LoRA, 128 rollouts) at the defaults, profiled
 S=scripts/gpu/session.sh
 mkdir -p /tmp/e2e
 fresh_caches() { rm -rf /tmp/cc; export TORCHINDUCTOR_CACHE_DIR=/tmp/cc/inductor TRITON_CACHE_DIR=/tmp/cc/triton; }

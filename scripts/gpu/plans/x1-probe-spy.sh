@@ -1,7 +1,7 @@
 #!/bin/bash
 # One GPU (~8 minutes after the transfers): where the request-path probe's decode step goes on the host (issue 26).
-# (af) read ~5.7 ms per decode step of ~128 sequences on an H100 host (4.1 ms on an H200) with the GPU ~25% busy,
-# and a second engine on the same GPU did not halve a batch ((ag)). This samples the processes' Python stacks with
+# A decode step of ~128 sequences takes 4-7 ms on the lent hosts with the GPU ~20% busy (benchmarks/RESULTS.md,
+# Generation request path). This samples the processes' Python stacks with
 # py-spy (carried in .gpu/whl) while the probe runs: vLLM's engine-core process, its API-server processes and the
 # orchestrator's process, SPY_S seconds each, all at once, `--threads --idle` (one root frame per thread, waiting stacks
 # kept, so a frame's share of a thread's samples is its share of wall time); scripts/gpu/spy_summary.py reads them.

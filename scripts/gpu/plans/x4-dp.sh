@@ -1,9 +1,9 @@
 #!/bin/bash
-# A 4-GPU host, ~28 minutes: what (ab) in benchmarks/RESULTS.md left of issue 31.
+# A 4-GPU host, ~28 minutes: vf-rl over several GPUs (benchmarks/RESULTS.md, Scaling over GPUs and Weight sync).
 #   GPUs 0-2: nccl into vLLM as 2 tensor-parallel shards and as 2 data-parallel engines (the trainer on GPU 2),
 #             then ZeRO-3 full weights of the Llama-3.1-8B shape on GPUs 1-2 with vf-vllm on GPU 0, 5 steps
 #   then GPUs 0-3: the whole loop's throughput per layout (1+1, 2+2, 3+1 GPUs: session.sh scaling)
-#   last, GPUs 0-2: ZeRO-3 again without liger-kernel (is (ab)'s 0.85-nat step-1 sampler gap liger under ZeRO-3?)
+#   last, GPUs 0-2: ZeRO-3 again without liger-kernel (the sampler-trainer gap with and without it)
 S=scripts/gpu/session.sh
 export CUDA_VISIBLE_DEVICES=0,1,2
 FG=1 bash $S multi

@@ -1,7 +1,7 @@
 """Advantages: a plain function from a batch's rewards, group by group, to one number per rollout.
 
 An advantage function is ``advantage_fn(inputs: AdvantageInputs) -> torch.Tensor`` (``[G, R]``
-float32). Pick a built-in with ``advantage_type`` (``ADVANTAGES``), name your own as
+float32). Pick a built-in with ``advantage_type`` (registered in ``config/choices.py``), name your own as
 ``advantage_type = "module:function"``, or pass ``RLTrainer(..., advantage_fn=...)``. The
 orchestrator calls it once per batch, after scoring, and every token of a rollout's completion
 is trained with that rollout's advantage.
@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from vf_rl.config.choices import builtin_functions
 from vf_rl.config.rules import resolve_function
 
 
@@ -48,16 +49,14 @@ def group_mean_std(inputs: AdvantageInputs, eps: float = 1e-4) -> torch.Tensor:
     return centered / (inputs.rewards.std(dim=1, keepdim=True, unbiased=False) + eps)
 
 
-ADVANTAGES: dict[str, AdvantageFn] = {"group_mean": group_mean, "group_mean_std": group_mean_std}
-
-
 def get_advantage(name: str) -> AdvantageFn:
-    """The advantage function called ``name``: a key of ``ADVANTAGES`` or ``"module:function"``.
+    """The advantage function called ``name``: a built-in (its option in ``config/choices.py``
+    names its function) or ``"module:function"``.
 
     Raises:
         ConfigError: naming ``advantage_type``, when it cannot be found.
     """
-    return resolve_function("advantage_type", name, ADVANTAGES)
+    return resolve_function("advantage_type", name, builtin_functions("advantage"))
 
 
 def compute_advantages(advantage_fn: AdvantageFn, rollouts: list, rollouts_per_example: int) -> list[float]:

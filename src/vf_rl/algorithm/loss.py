@@ -6,7 +6,7 @@ loss needs, the same for built-in and custom losses: it keeps the loss-mask toke
 ``beta`` times the KL to the reference policy (logged as ``kl_ref`` whenever ``beta > 0``) and
 divides by N, the loss tokens of the whole global batch (DAPO's token-level normalisation), so
 micro batches and processes add up to the batch mean. Pick a built-in with ``loss_type``
-(``LOSSES``), name your own as ``loss_type = "module:function"``, or pass
+(registered by their options in ``config/choices.py``), name your own as ``loss_type = "module:function"``, or pass
 ``RLTrainer(..., loss_fn=...)``; ``examples/custom_loss.py`` writes one in a few lines.
 
 Statistics convention (``LossOutput.stats``): each value is a 0-d tensor. A key ending in
@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from vf_rl.config.choices import builtin_functions
 from vf_rl.config.rules import resolve_function
 
 if TYPE_CHECKING:
@@ -186,13 +187,11 @@ def dapo_loss(inputs: LossInputs, args: RLConfig) -> LossOutput:
     return LossOutput(per_token, stats)
 
 
-LOSSES: dict[str, LossFn] = {"cispo": cispo_loss, "dapo": dapo_loss}
-
-
 def get_loss(name: str) -> LossFn:
-    """The loss called ``name``: a key of ``LOSSES`` or ``"module:function"``.
+    """The loss called ``name``: a built-in (its option in ``config/choices.py`` names its function)
+    or ``"module:function"``.
 
     Raises:
         ValueError: naming ``loss_type``, when the name or module cannot be found.
     """
-    return resolve_function("loss_type", name, LOSSES)
+    return resolve_function("loss_type", name, builtin_functions("loss"))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Tag, TypeAdapter, ValidationError
 
@@ -26,15 +26,19 @@ from vf_rl.config.errors import ConfigError
 
 
 class Option(BaseModel):
-    """One option of a choice: its tag (the choice key) and the keys it reads, nothing else."""
+    """One option of a choice: its tag (the choice key) and the keys it reads, nothing else.
+    A built-in loss or advantage also names its function (``function``, ``"module:function"``):
+    its option here is its registration."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    function: ClassVar[str | None] = None
 
 
 # loss_type (algorithm/loss.py)
 class CispoLoss(Option):
     """CISPO (MiniMax-M1, arXiv:2506.13585): importance-ratio masking outside [low, high]."""
 
+    function = "vf_rl.algorithm.loss:cispo_loss"
     loss_type: Literal["cispo"]
     mask_ratio_low: float
     mask_ratio_high: float
@@ -43,6 +47,7 @@ class CispoLoss(Option):
 class DapoLoss(Option):
     """PPO/GRPO clipped surrogate with DAPO's clip-higher (arXiv:2503.14476)."""
 
+    function = "vf_rl.algorithm.loss:dapo_loss"
     loss_type: Literal["dapo"]
     epsilon_low: float
     epsilon_high: float
@@ -60,10 +65,16 @@ class CustomLoss(Option):
 
 # advantage_type (algorithm/advantage.py)
 class GroupMeanAdvantage(Option):
+    """The reward minus its group's mean (Dr. GRPO, arXiv:2503.20783)."""
+
+    function = "vf_rl.algorithm.advantage:group_mean"
     advantage_type: Literal["group_mean"]
 
 
 class GroupMeanStdAdvantage(Option):
+    """The reward minus its group's mean, over the group's standard deviation (GRPO, arXiv:2402.03300)."""
+
+    function = "vf_rl.algorithm.advantage:group_mean_std"
     advantage_type: Literal["group_mean_std"]
 
 
@@ -165,6 +176,14 @@ CHOICES = {
     "filtering": Choice("use_difficulty_filtering", (NoFiltering, DifficultyFiltering)),
     "micro_batches": Choice("padding_free", (PaddedMicroBatches, PackedMicroBatches)),
 }
+
+
+def builtin_functions(choice: str) -> dict[str, str]:
+    """The built-in options of ``choice`` (``"loss"``, ``"advantage"``) that name a function:
+    ``{value: "module:function"}``, in their declared order."""
+    found = CHOICES[choice]
+    return {typing.get_args(o.model_fields[found.key].annotation)[0]: o.function
+            for o in found.options if o.function is not None}
 
 
 Loss = CHOICES["loss"].union

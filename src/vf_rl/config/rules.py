@@ -19,16 +19,16 @@ from typing import Any
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from vf_rl.config.args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
-from vf_rl.config.choices import run_choices
+from vf_rl.config.choices import builtin_functions, run_choices
 from vf_rl.config.errors import ConfigError, suggest
 from vf_rl.config.training_arguments import training_arguments_types
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 PREFLIGHT_CHOICES = ("warn", "strict", "off")
-LOSS_TYPES = ("cispo", "dapo")
-"""Built-in losses (``algorithm/loss.py``'s ``LOSSES``); ``"module:function"`` names another."""
-ADVANTAGE_TYPES = ("group_mean", "group_mean_std")
-"""Built-in advantages (``algorithm/advantage.py``'s ``ADVANTAGES``); ``"module:function"`` names another."""
+LOSS_TYPES = tuple(builtin_functions("loss"))
+"""Built-in losses (their options in ``choices.py`` name their functions); ``"module:function"`` names another."""
+ADVANTAGE_TYPES = tuple(builtin_functions("advantage"))
+"""Built-in advantages (their options in ``choices.py``); ``"module:function"`` names another."""
 
 
 @lru_cache(maxsize=1)
@@ -68,13 +68,16 @@ def check_types(args: dict[str, Any], prefix: str = "") -> None:
 
 
 def resolve_function(key: str, name: str, builtins: dict[str, Any]) -> Any:
-    """``builtins[name]``, or the function ``"module:function"`` names (imported now).
+    """The function ``builtins[name]`` (a function, or its ``"module:function"`` path), or the
+    function ``name`` itself names as ``"module:function"`` (imported now).
 
     Raises:
         ConfigError: naming ``key``, when ``name`` is neither, or the module or function is missing.
     """
-    if name in builtins:
+    if name in builtins and callable(builtins[name]):
         return builtins[name]
+    if name in builtins:
+        name = builtins[name]
     module_name, _, function = name.partition(":")
     if not (module_name and function):
         raise ConfigError(f"{key}: expected one of {', '.join(builtins)} or 'module:function', got {name!r}")

@@ -52,14 +52,6 @@ class DifficultyFilter:
     max_rounds: int = 4
     seed: int = 0
 
-    @classmethod
-    def from_args(cls, args) -> "DifficultyFilter | None":
-        """The filter ``RLConfig`` asks for, or ``None`` when ``use_difficulty_filtering`` is off."""
-        if not args.use_difficulty_filtering:
-            return None
-        return cls(args.difficulty_threshold, args.difficulty_min_reward, args.difficulty_max_reward,
-                   args.oversampling_factor, args.max_filter_rounds, args.seed)
-
     def keep(self, rewards: list[float]) -> bool:
         """Whether a group with these rewards (one per rollout) is trained on."""
         if statistics.pstdev(rewards) <= self.threshold + STD_EPS:

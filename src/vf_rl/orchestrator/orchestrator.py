@@ -18,9 +18,10 @@ from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 from vf_rl.algorithm.advantage import AdvantageFn, compute_advantages, group_mean
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.env_api.errors import AllRolloutsFailed
 from vf_rl.inference.client import openai_client
@@ -79,56 +80,76 @@ def report_progress(future: Future, progress: Callable[[], int], total: int,
         on_progress(progress(), total)
 
 
-class Orchestrator:
-    """Generates batches for the trainer in a background thread.
+class OrchestratorInterface(Protocol):
+    """What the trainer asks of an orchestrator, whether a thread in its process
+    (:class:`Orchestrator`) or a process of its own (``process.OrchestratorProcess``)."""
 
-    Args (keyword-only after ``rows``):
+    def set_active(self, servers) -> None:
+        """Send rollouts only to these servers (indices into the server list)."""
+
+    def submitted(self, step: int) -> bool:
+        """Whether batch ``step`` is being generated or waits to be taken."""
+
+    def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
+        """Start generating batch ``step`` (with the weights of ``policy_step``, once ``after`` is done)."""
+
+    def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> "Batch":
+        """Wait for batch ``step`` and take it."""
+
+    def progress(self, step: int) -> int:
+        """Rollouts of batch ``step`` finished so far."""
+
+    def wait_idle(self) -> None:
+        """Wait until no batch is being generated."""
+
+    def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
+        """Roll out ``rows`` now (evaluation), ``rollouts_per_example`` each."""
+
+    def close(self) -> None:
+        """Stop generating and release what the orchestrator holds."""
+
+
+INTERFACE = tuple(name for name in vars(OrchestratorInterface) if not name.startswith("_"))
+"""The methods of :class:`OrchestratorInterface`: what the orchestrator's process serves."""
+
+
+class Orchestrator:
+    """Generates batches for the trainer in a background thread (:class:`OrchestratorInterface`).
+
+    Args:
         env: the environment.
         rows: training rows (dicts with ``prompt``, ``answer``...), already shuffled/filtered.
+        config: the orchestrator's section of the run config (``OrchestratorConfig.from_args``).
         base_url: the OpenAI-compatible server, e.g. ``http://127.0.0.1:8000/v1``, or a list of
             several: each group of rollouts goes to the active server with the fewest rollouts
             in flight (a group stays on one server, so its prompt is cached once).
         model_name: the model name the server serves.
-        batch_size: rollouts per batch; ``batch_size // rollouts_per_example`` rows each.
-        rollouts_per_example: rollouts per prompt (the group size).
-        sampling_args: chat-completion arguments (see ``RLConfig.sampling_args``).
-        max_seq_len: samples are cut to this many tokens.
-        advantage_fn: from rewards to advantages (``advantage.py``).
-        max_concurrent: most rollouts in flight.
-        generation_timeout: seconds allowed for one batch; rollouts still running then are
-            counted as errors.
-        request_timeout: seconds allowed for one request to the server.
-        mask_truncated_completions: truncated completions (cut at ``max_tokens``, or longer than
-            ``max_seq_len``) get no loss tokens.
-        zero_truncated_completions: truncated completions get reward 0.
-        mask_env_responses: environment-written tokens get no loss (multi-turn).
+        advantage_fn: from rewards to advantages (``algorithm/advantage.py``).
         difficulty_filter: drop groups without reward spread and refill (``filtering.py``);
-            ``None``: off.
+            default the one ``config.filtering`` asks for.
     """
 
-    def __init__(self, env: Environment, rows: list[dict], *, base_url: str | list[str], model_name: str,
-                 batch_size: int,
-                 rollouts_per_example: int, sampling_args: dict, max_seq_len: int,
-                 advantage_fn: AdvantageFn = group_mean, max_concurrent: int = 1024, generation_timeout: float = 600.0,
-                 request_timeout: float = 600.0, mask_truncated_completions: bool = False,
-                 zero_truncated_completions: bool = False, mask_env_responses: bool = True, api_key: str = "vf-rl",
-                 difficulty_filter: DifficultyFilter | None = None):
+    def __init__(self, env: Environment, rows: list[dict], *, config: OrchestratorConfig, base_url: str | list[str],
+                 model_name: str, advantage_fn: AdvantageFn = group_mean,
+                 difficulty_filter: DifficultyFilter | None = None, api_key: str = "vf-rl"):
         if not rows:
             raise ValueError("the environment has no training rows (after filtering by max_prompt_len)")
-        self.env, self.rows, self.model_name = env, rows, model_name
-        self.batch_size, self.rollouts_per_example = batch_size, rollouts_per_example
-        self.prompts_per_batch = batch_size // rollouts_per_example
-        self.sampling_args, self.max_seq_len, self.advantage_fn = sampling_args, max_seq_len, advantage_fn
-        self.max_concurrent, self.generation_timeout = max_concurrent, generation_timeout
-        self.mask_truncated, self.zero_truncated = mask_truncated_completions, zero_truncated_completions
-        self.mask_env_responses, self.difficulty_filter = mask_env_responses, difficulty_filter
+        c = config
+        self.env, self.rows, self.model_name, self.config = env, rows, model_name, c
+        self.batch_size, self.rollouts_per_example = c.batch_size, c.rollouts_per_example
+        self.prompts_per_batch = c.batch_size // c.rollouts_per_example
+        self.sampling_args, self.max_seq_len, self.advantage_fn = c.sampling_args, c.max_seq_len, advantage_fn
+        self.max_concurrent, self.generation_timeout = c.max_concurrent, c.generation_timeout
+        self.mask_truncated, self.zero_truncated = c.mask_truncated_completions, c.zero_truncated_completions
+        self.mask_env_responses = c.mask_env_responses
+        self.difficulty_filter = difficulty_filter or (DifficultyFilter(**vars(c.filtering)) if c.filtering else None)
         self._futures: dict[int, Future] = {}
         self._done: dict[int, int] = {}  # step -> rollouts finished so far (progress)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vf-rl-orchestrator", daemon=True)
         self._thread.start()
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        self.clients = [self._call(self._make_client(url, api_key, request_timeout)) for url in urls]
+        self.clients = [self._call(self._make_client(url, api_key, c.request_timeout)) for url in urls]
         self.active = set(range(len(self.clients)))  # servers with the current weights, answering
         self._in_flight = [0] * len(self.clients)
 

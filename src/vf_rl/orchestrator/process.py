@@ -25,9 +25,9 @@ from concurrent.futures import wait as wait_futures
 from multiprocessing.managers import BaseManager, RemoteError
 from typing import Callable
 
+from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
-from vf_rl.orchestrator.filtering import DifficultyFilter
-from vf_rl.orchestrator.orchestrator import Batch, Orchestrator, report_progress
+from vf_rl.orchestrator.orchestrator import INTERFACE, Batch, Orchestrator, report_progress
 from vf_rl.parent_watch import kill_children, start_parent_watch
 
 
@@ -82,37 +82,21 @@ def _pickles(value) -> bool:
         return False
 
 
-class HostedOrchestrator:
-    """The orchestrator as its process holds it; every method is called from the trainer."""
+class HostedOrchestrator(Orchestrator):
+    """The orchestrator as its process holds it (the trainer calls :data:`INTERFACE` on it): the
+    rollouts it returns carry only state that pickles, and closing it stops what the environment
+    started there."""
 
-    def __init__(self, env: Environment, rows: list[dict], kwargs: dict):
-        self.orchestrator = Orchestrator(env, rows, **kwargs)
-
-    def submit(self, step: int, policy_step: int | None) -> None:
-        self.orchestrator.submit(step, policy_step)
-
-    def submitted(self, step: int) -> bool:
-        return self.orchestrator.submitted(step)
-
-    def wait(self, step: int) -> Batch:
-        batch = self.orchestrator.wait(step)
+    def wait(self, step: int, on_progress=None) -> Batch:
+        batch = super().wait(step)
         batch.rollouts = with_picklable_state(batch.rollouts)
         return batch
 
-    def progress(self, step: int) -> int:
-        return self.orchestrator.progress(step)
-
-    def wait_idle(self) -> None:
-        self.orchestrator.wait_idle()
-
     def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
-        return with_picklable_state(self.orchestrator.run(rows, rollouts_per_example))
-
-    def set_active(self, servers: list[int]) -> None:
-        self.orchestrator.set_active(servers)
+        return with_picklable_state(super().run(rows, rollouts_per_example))
 
     def close(self) -> None:
-        self.orchestrator.close()
+        super().close()
         kill_children()  # what the environment started (a process pool) would outlive this process
 
 
@@ -134,15 +118,14 @@ def _build(source, rows: list[dict]) -> None:
 def _host(kwargs: dict) -> HostedOrchestrator:
     if isinstance(_prepared, BaseException):
         raise _prepared
-    return HostedOrchestrator(*_prepared, kwargs)
+    return HostedOrchestrator(*_prepared, **kwargs)
 
 
 class _Manager(BaseManager):
     pass
 
 
-_Manager.register("HostedOrchestrator", _host, exposed=("submit", "submitted", "wait", "progress", "wait_idle", "run",
-                                                       "set_active", "close"))
+_Manager.register("HostedOrchestrator", _host, exposed=INTERFACE)
 
 
 class OrchestratorProcess:
@@ -174,7 +157,7 @@ class OrchestratorProcess:
             RuntimeError: the process could not build the orchestrator (the environment failed
                 to load there); the message names the cause, and the process is stopped.
         """
-        self.batch_size = kwargs["batch_size"]
+        self.batch_size = kwargs["config"].batch_size
         try:
             self._remote = self._manager.HostedOrchestrator(kwargs)
         except Exception as exc:
@@ -189,6 +172,10 @@ class OrchestratorProcess:
     def submitted(self, step: int) -> bool:
         """As ``Orchestrator.submitted``."""
         return step in self._gates or self._remote.submitted(step)
+
+    def progress(self, step: int) -> int:
+        """As ``Orchestrator.progress``."""
+        return self._remote.progress(step)
 
     def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
         """As ``Orchestrator.submit``: with a pending ``after``, the batch is sent to the
@@ -243,17 +230,11 @@ def _last_line(exc: Exception) -> str:
 
 
 def orchestrator_options(args, servers, advantage_fn) -> dict:
-    """``Orchestrator``'s keyword arguments from the trainer's ``args`` (an ``RLConfig``) and its
-    inference ``servers`` (clients with ``base_url``), all but ``model_name``, which the weight-sync
-    choice sets once the server answers."""
-    a = args
-    return dict(
-        base_url=[f"{server.base_url}/v1" for server in servers], batch_size=a.batch_size,
-        rollouts_per_example=a.rollouts_per_example, sampling_args=a.sampling_args(), max_seq_len=a.max_seq_len,
-        advantage_fn=advantage_fn, max_concurrent=a.max_concurrent, generation_timeout=a.generation_timeout,
-        request_timeout=a.request_timeout, mask_truncated_completions=a.mask_truncated_completions,
-        zero_truncated_completions=a.zero_truncated_completions, mask_env_responses=a.mask_env_responses,
-        difficulty_filter=DifficultyFilter.from_args(a))
+    """``Orchestrator``'s keyword arguments from the trainer's ``args`` (an ``RLConfig``: its
+    section, ``OrchestratorConfig.from_args``) and its inference ``servers`` (clients with
+    ``base_url``), all but ``model_name``, which the weight-sync choice sets once the server answers."""
+    return dict(config=OrchestratorConfig.from_args(args), base_url=[f"{server.base_url}/v1" for server in servers],
+                advantage_fn=advantage_fn)
 
 
 def begin_orchestrator(env: Environment, rows: list[dict], **options) -> OrchestratorProcess | None:

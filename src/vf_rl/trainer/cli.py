@@ -57,8 +57,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     from vf_rl.config.rl_config import RLConfig
-    from vf_rl.trainer.trainer import RLTrainer
     from vf_rl.env_api.registry import load_environments
+    from vf_rl.trainer.trainer import RLTrainer
 
     try:
         args = RLConfig(**config.trainer.args)

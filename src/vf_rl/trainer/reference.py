@@ -26,7 +26,7 @@ def reference_logprobs(model: torch.nn.Module, ref_model: torch.nn.Module | None
                        forward: Callable[[torch.nn.Module], torch.Tensor]) -> torch.Tensor:
     """The micro batch's log-probs ``[B, T]`` float32 under the reference policy, without grad:
     ``forward(m)`` computes them under model ``m`` exactly as the trained policy's are computed
-    (padded or packed, ``logprobs.policy_logprobs`` / ``logprobs.micro_batch_logprobs``).
+    (padded or packed, ``speed/logprobs.micro_batch_logprobs``).
 
     Args:
         model: the trained model, unwrapped (a peft model when ``ref_model`` is ``None``).

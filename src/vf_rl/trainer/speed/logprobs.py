@@ -5,7 +5,7 @@ states ``h`` ``[M, H]`` and the LM-head weight ``W`` ``[V, H]``, ``chunk`` rows 
 bf16 ``[M, V]`` logits are kept for the backward pass when small (``LOGPROB_KEEP_BYTES``), else
 recomputed chunk by chunk there. :func:`micro_batch_logprobs` runs the model on a packed or padded
 micro batch (``packing.py``) and takes the log-probs of its trained tokens.
-:func:`selective_logprobs` and :func:`policy_logprobs` are the plain (unchunked) forms.
+:func:`selective_logprobs` is the plain (unchunked) form.
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def padded_policy_logprobs(model: torch.nn.Module, mb: MicroBatch, temperature: 
     """Forward a padded micro batch (:func:`padded_micro_batch`, on the device): the model's own
     attention (sdpa; causal without a mask when no row is padded), the LM head only from the
     first trained position on (``logits_to_keep``), log-probs from :func:`chunked_logprobs`
-    when the head is plain (else from the logits, as :func:`policy_logprobs`).
+    when the head is plain (else from the logits, as :func:`selective_logprobs`).
 
     Returns:
         ``(logprobs [B, T] float32 (requires grad), entropy [B, T] float32)``.
@@ -371,29 +371,3 @@ def selective_logprobs(logits: torch.Tensor, token_ids: torch.Tensor,
         with torch.no_grad():
             entropies.append(lse - (torch.softmax(row, dim=-1) * row).sum(-1))
     return torch.stack(logprobs), torch.stack(entropies)
-
-
-def policy_logprobs(model: torch.nn.Module, micro_batch: dict[str, torch.Tensor], start: int,
-                    temperature: float = 1.0, logits_to_keep: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward ``model`` on a micro batch and take the log-probs of its tokens from ``start`` on.
-
-    Only positions ``start - 1`` onwards go through the LM head (transformers'
-    ``logits_to_keep``), so the ``[B, T, V]`` logits cover completions, not prompts; no KV
-    cache is built (``use_cache=False``).
-
-    Args:
-        model: a causal LM (``logits_to_keep`` must be one of its forward's arguments when
-            ``logits_to_keep`` is true; all current transformers decoder models have it).
-        micro_batch: ``input_ids`` and ``attention_mask`` ``[B, L]`` long
-            (batching.micro_batches), on the model's device.
-        start: the first position with a trained token, ``1 <= start < L``
-            (batching.first_trained_position).
-        temperature: see :func:`selective_logprobs`.
-    Returns:
-        ``(logprobs [B, L - start], entropy [B, L - start])``: column ``i`` is token ``start + i``.
-    """
-    ids = micro_batch["input_ids"]
-    keep = ids.shape[1] - start + 1  # the logit at start - 1 predicts token start; the last predicts nothing
-    kwargs = {"logits_to_keep": keep} if logits_to_keep else {}
-    logits = model(input_ids=ids, attention_mask=micro_batch["attention_mask"], use_cache=False, **kwargs).logits
-    return selective_logprobs(logits[:, -keep:-1], ids[:, start:], temperature)

@@ -259,10 +259,6 @@ class MicroBatch:
         """One packed row (per-sample attention, ``attention.py``) rather than padded rows."""
         return self.layout is not None
 
-    def to(self, device) -> MicroBatch:
-        """This micro batch with its tensors (and layout) on ``device`` (non-blocking copies)."""
-        return micro_batches_to([self], device)[0]
-
 
 _LAYOUT_TENSORS = ("cu_q", "cu_k", "key_index")
 
