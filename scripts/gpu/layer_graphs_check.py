@@ -6,7 +6,8 @@ The decoder stack compiled as one region of inductor's CUDA graphs ran 1.99x TRL
 fixed-length Qwen2-0.5B LoRA, but with a first step of 90-168 s (inductor compiles 24 layers),
 against 20 s for per-layer regions, whose step is bound by the host's launches.
 inductor's CUDA graphs cannot replay per-layer regions with torch 2.11 (one compiled
-function called on its own output, pytorch/pytorch#152887). ``vf_rl.trainer.speed.layer_graphs`` keeps the
+function called on its own output, pytorch/pytorch#152887).
+``vf_rl.trainer.speed.layer_graphs`` keeps the
 per-layer compile and records the layers' forward and backward, one graph each per shape, with
 ``make_graphed_callables``: a pass then replays two graphs instead of launching every kernel from
 Python.
@@ -56,7 +57,7 @@ from vf_rl.trainer.model import compile_layers, decoder_layers  # noqa: E402
 from vf_rl.trainer.speed.attention import register_attention  # noqa: E402
 from vf_rl.trainer.speed.layer_graphs import LayerGraphs  # noqa: E402
 from vf_rl.trainer.speed.logprobs import packed_policy_logprobs  # noqa: E402
-from vf_rl.trainer.speed.packing import plan_micro_batches  # noqa: E402
+from vf_rl.trainer.speed.packing import micro_batches_to, plan_micro_batches  # noqa: E402
 
 
 def build(args, device: torch.device, graphs: bool, compiled: bool = True):
@@ -111,7 +112,7 @@ def batches(args, device: torch.device) -> list[list]:
                                       group=group, prompt_len=P))
             out.append(plan_micro_batches(samples, 1, 0, args.micro_batch, None, True, 0, True, bucketed=True,
                                           max_seq_len=shape.prompt_max + shape.max_tokens))
-    return [[mb.to(device) for mb in plan] for plan in out]
+    return [micro_batches_to(plan, device) for plan in out]
 
 
 def step(model, micro_batches: list, optimizer) -> torch.Tensor:
