@@ -3,7 +3,7 @@
 With ``inference.gpus = 0`` and ``trainer.gpus = 0`` the vLLM server and the trainer share this
 machine's cores. Each side's OpenMP threads default to every core, so on a small machine both
 run twice as many threads as there are cores and spend much of the step waiting on each other
-(``benchmarks/RESULTS.md``, *CPU demo*). ``vf-rl`` therefore gives the
+(``docs/benchmarks.md``). ``vf-rl`` therefore gives the
 server the first half of the cores it may use and the trainer the rest, as it gives inference
 the first GPUs and the trainer the next ones: vf-vllm gets ``VLLM_CPU_OMP_THREADS_BIND`` (vLLM's
 own setting), vf-train ``VF_RL_CPU_CORES``, which it applies to itself before torch starts.

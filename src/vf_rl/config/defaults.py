@@ -48,7 +48,7 @@ def derive_defaults(args: dict[str, Any], has_gpu: bool, processes: int = 1) -> 
     if a.get("eval_on_start") is None:
         strategy = a.get("eval_strategy") or "no"
         a["eval_on_start"] = getattr(strategy, "value", strategy) != "no"
-    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (benchmarks/RESULTS.md)
+    if a.get("torch_compile") is None:  # auto: compiled layers measured faster on GPUs (docs/benchmarks.md)
         a["torch_compile"] = bool(has_gpu and not a.get("deepspeed")
                                   or a.get("torch_compile_backend") or a.get("torch_compile_mode"))
     if records_layers_by_default(a, has_gpu, processes):
@@ -61,9 +61,7 @@ def records_layers_by_default(a: dict[str, Any], has_gpu: bool, processes: int) 
     CUDA graphs (``"reduce-overhead"``, ``trainer/speed/layer_graphs.py``): with ``torch_compile`` (inductor,
     the default backend) on a GPU, one trainer process, packed micro batches, and neither
     ``gradient_checkpointing``, ``tiled_mlp`` nor DeepSpeed (the cases ``rules`` refuses the mode
-    for). Measured on an H200 against the per-layer compile: a SmolLM2-135M LoRA step 0.095 s
-    against 0.145 s, Llama-1.2B LoRA 79,150 against 51,144 tokens/s, its full weights the same
-    (benchmarks/RESULTS.md, as)."""
+    for). There it trains faster than the per-layer compile (``docs/benchmarks.md``)."""
     return bool(has_gpu and a.get("torch_compile") and a.get("torch_compile_mode") is None
                 and a.get("torch_compile_backend") in (None, "inductor") and processes == 1 and a.get("padding_free", True)
                 and not a.get("gradient_checkpointing") and not a.get("tiled_mlp") and not a.get("deepspeed"))

@@ -38,7 +38,7 @@ The tokens of a pass are what the trainer forwards at once (:func:`pass_tokens`)
 (``packing.default_token_budget``), and at most the process's share of the batch, each group's
 prompt once with ``share_prompts``; before any rollout the bound ``micro_batch_size x
 max_seq_len`` stands in for it. Checked (``tests/test_memory.py``) against every peak the
-trainer-step benchmarks measured (``benchmarks/results/trainer-step-*.json``: within 25% on each,
+trainer-step benchmarks measured (``docs/benchmarks.md``: within 25% on each,
 most within 10%) and against the learning benchmarks' whole-GPU peaks with vLLM
 (``learning-*.json``: within 21% on each single-turn run, for the environment's prompts and
 completions at ``max_tokens``; -5% to +40% on the multi-turn runs, estimated at their bound of
@@ -364,8 +364,8 @@ def shared_memory_utilization(shape: ModelShape, a: dict, gpu_bytes: int = GPU_8
     :func:`inference_bytes_needed` for every rollout in flight at its longest (``batch_size x
     max_off_policy_steps x max_seq_len`` tokens of KV cache), times :data:`SHARED_SPLIT_HEADROOM`,
     as a share of ``gpu_bytes`` rounded up to 0.01, at least ``floor`` and at most 0.9; the trainer
-    gets the rest. The floor is the share the small-model runs were measured with (``benchmarks/
-    RESULTS.md``): more KV cache than they need, and the rest still holds their trainer.
+    gets the rest. The floor is the share small models run well with (``docs/benchmarks.md``): more
+    KV cache than they need, and the rest still holds their trainer.
     ``a``: the resolved trainer arguments."""
     in_flight = int(a["batch_size"]) * max(int(a.get("max_off_policy_steps") or 1), 1)
     need = inference_bytes_needed(shape, in_flight * int(a["max_seq_len"])) * SHARED_SPLIT_HEADROOM

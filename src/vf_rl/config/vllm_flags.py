@@ -107,7 +107,7 @@ def api_servers(cores: int | None = None) -> int:
     One API-server process renders every chat prompt and detokenizes every sampled token, and at
     RL batches of a small model it, not the GPU, sets generation's pace; more processes share that
     work, each taking about one core while busy, and gain up to 4 on a multi-turn environment
-    (``benchmarks/generation.py``'s probe, ``benchmarks/RESULTS.md`` section aa).
+    (``benchmarks/generation.py``'s probe, ``docs/benchmarks.md``).
     """
     cores = cores if cores is not None else len(os.sched_getaffinity(0))
     return max(1, min(4, cores // 4))

@@ -6,7 +6,7 @@ single-turn group (:class:`SingleTurnGroups`) or a multi-turn group's first turn
 A single-turn environment asks the same prompt ``r`` times. Sent as ``r`` chat completions, vLLM's
 API server renders and tokenizes the prompt ``r`` times, schedules ``r`` requests, and the client
 parses ``r`` responses with a log-prob object per token: the request path, not the GPU, bounds the
-rollouts per second of a small model (``benchmarks/RESULTS.md``). Here the prompt is rendered and
+rollouts per second of a small model (``docs/benchmarks.md``). Here the prompt is rendered and
 tokenized once by the server's own chat template (``POST /tokenize``, cached per prompt), and the
 group is one ``POST /v1/completions`` with the prompt's token ids and ``n = r`` (vLLM samples the
 ``r`` children from one prefill), read as plain JSON: token ids, the sampled tokens' log-probs

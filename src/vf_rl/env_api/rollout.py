@@ -45,7 +45,7 @@ async def post_json(client, path: str, body: dict, options: dict | None = None) 
     """POST ``body`` through an ``openai.AsyncOpenAI`` client's own ``post`` (its connection pool,
     retries and ``openai`` errors; ``options``: request options such as ``headers``) and read the
     reply as plain JSON, not as ``openai``'s typed objects: those cost the orchestrator about as much
-    CPU per request as the server's own work (``benchmarks/RESULTS.md`` (z)).
+    CPU per request as the server's own work (``docs/benchmarks.md``).
 
     Raises:
         openai.APIError: the request failed (after the client's retries)."""

@@ -6,7 +6,7 @@ handshake, the sockets of every API server. vLLM 0.26 sends that handshake only 
 server has reported the addresses it bound (``APIServerProcessManager.gather_actual_addresses``,
 which resolves ``tcp://host:0`` placeholders to ports), so the engine's whole initialization
 (weights, torch.compile, CUDA graphs) waits for the API servers' own start: a fresh Python and
-vLLM's imports each, 20 s on a lent H200 host (``benchmarks/RESULTS.md``, section ag). Where the
+vLLM's imports each, tens of seconds (``docs/benchmarks.md``). Where the
 engines are on this host, the addresses are IPC paths named before any process starts and there is
 nothing to resolve: :func:`overlap_engine_start` hands them over at once, and the engine connects
 to sockets that its API servers bind while it initializes (ZeroMQ queues what it sends until they

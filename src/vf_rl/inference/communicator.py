@@ -91,8 +91,8 @@ class BroadcastGroup:
         """Leave the group without waiting for the other members.
 
         ``abort`` rather than ``shutdown``: a graceful NCCL shutdown waits for the peers, and
-        the vLLM workers keep their side open for the server's lifetime (on an H200 pair the
-        trainer hung at exit with ``shutdown``; with ``abort`` two runs exited cleanly)."""
+        the vLLM workers keep their side open for the server's lifetime, so the trainer would
+        hang at exit with ``shutdown``."""
         abort = getattr(self.group, "abort", None)
         if abort is not None:
             try:

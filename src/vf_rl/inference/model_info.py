@@ -4,8 +4,8 @@ Before it starts its engine, vLLM inspects the model's class (which interfaces i
 a fresh Python process, so that importing the model's module cannot initialize CUDA in the
 server's own process, and keeps the answer under ``$VLLM_CACHE_ROOT/modelinfos``. With that cache
 empty (a first run, a new vLLM, a container without a kept cache) the inspection is a serial
-start of Python plus vLLM's imports: 11.7 s on the 2-core CPU machine, ~21 s on a lent H100 host
-(``benchmarks/RESULTS.md``, section af). :func:`start` runs the same inspection in a process of
+start of Python plus vLLM's imports, seconds to tens of seconds (``docs/benchmarks.md``).
+:func:`start` runs the same inspection in a process of
 its own as soon as vf-vllm starts, beside vf-vllm's own imports, and vf-vllm waits for it (it is
 done by then, or nearly) just before vLLM would inspect: vLLM then reads the cache.
 

@@ -202,8 +202,7 @@ def gpu_visible() -> bool:
 def engine_start_method(cpu: bool) -> None:
     """On a GPU, vLLM's engine process is forked from vf-vllm's (``VLLM_WORKER_MULTIPROC_METHOD=fork``
     unless the variable is set) rather than spawned, the default vLLM's CLI sets: a spawned engine
-    imports vLLM afresh before its first log, 15-17 s of an H200's cold start (/health 80 s forked
-    against 96 s spawned, benchmarks/RESULTS.md, ak). :func:`gpu_visible` leaves the CUDA driver
+    imports vLLM afresh before its first log, seconds of a cold start. :func:`gpu_visible` leaves the CUDA driver
     uninitialized here, and vLLM spawns anyway where it finds it initialized. On the CPU the CLI's
     default stays."""
     if not cpu:

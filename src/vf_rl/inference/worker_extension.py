@@ -49,7 +49,7 @@ class WeightSyncExtension:
         """Load ``(name, tensor)`` pairs in checkpoint format into the live model.
 
         On a GPU with an unquantized model the tensors are copied straight into the parameters
-        (``model.load_weights``, several times faster than ``reload_weights``: benchmarks/RESULTS.md);
+        (``model.load_weights``, several times faster than ``reload_weights``: docs/benchmarks.md);
         the copies are in place, so captured CUDA graphs stay valid. Elsewhere (the CPU's prepacked layers, quantized
         weights, whose processing must run again) through ``model_runner.reload_weights``.
         Returns ``{"tensors": int, "seconds": float}`` (seconds since ``start``)."""

@@ -3,7 +3,7 @@
 A training step holds the trainer process's GIL most of the time (kernel launches, the
 optimizer, batching). An orchestrator thread in that process waits for it at every socket read
 and parse, and the rollout path is host-bound: one busy Python thread beside the rollout client
-more than doubled the seconds per batch on an H100 (``benchmarks/generation.py``). Here the
+costs generation much of its pace (``docs/benchmarks.md``, the request-path probe). Here the
 :class:`~vf_rl.orchestrator.orchestrator.Orchestrator` runs in a process started with ``spawn``
 (a ``multiprocessing`` manager: each call from the trainer is a request to that process), with
 the same methods. The environment is rebuilt there from the recipe ``load_environment`` gives it

@@ -67,7 +67,7 @@ def float32_rotary_buffers(model: torch.nn.Module) -> int:
     by up to 2**-9 of itself, so a token's angle drifts by about ``position / 500`` radians:
     attention at long positions changes, and the trainer's log-probs part from vLLM's (which
     computes RoPE in float32) more and more along a sequence, with no error raised
-    (benchmarks/RESULTS.md, ac). The fix builds a fresh module of the same class from its
+    (docs/benchmarks.md). The fix builds a fresh module of the same class from its
     ``config`` (outside ``zero.Init``: float32 buffers) and takes its buffers, on the old ones'
     devices. A module whose constructor needs more than its config keeps its buffers, with a warning.
     """
@@ -120,10 +120,10 @@ def lora_input_casts_off(model: torch.nn.Module, autocast: bool) -> contextlib.A
     peft keeps the adapter in float32 on a bf16/fp16 model and casts each LoRA layer's input
     to float32; under autocast the adapter's matmuls cast it straight back. The round trip is
     exact, and it costs four tensor copies per LoRA layer and micro batch (two forward, two
-    backward; their share of a step: benchmarks/RESULTS.md, g). Turning off the layers'
+    backward; their share of a step: docs/benchmarks.md). Turning off the layers'
     ``cast_input_dtype_enabled`` (what peft's ``disable_input_dtype_casting`` does) leaves
     log-probs and gradients bitwise equal. The tuner layers are found once per model: walking a
-    small model's ~2,500 modules took ~10 ms of host time per step (RESULTS.md, as).
+    small model's ~2,500 modules took ~10 ms of host time per step (docs/benchmarks.md).
 
     Args:
         model: the (possibly wrapped) model; no effect unless it holds peft tuner layers.
@@ -147,8 +147,8 @@ def train_mode(model: torch.nn.Module) -> None:
     """``model.train()`` only where some module is out of training mode (after an evaluation).
 
     ``Module.train`` sets the flag on every module, through ``Module.__setattr__``: a small LoRA
-    model's ~2,500 modules took 15.6 ms of host time at the start of each step on an H200's host,
-    with the GPU idle (SmolLM2-135M, benchmarks/RESULTS.md, au). Reading the flags of the modules
+    model's thousands of modules take milliseconds of host time at the start of each step, with
+    the GPU idle. Reading the flags of the modules
     listed once per model takes a fraction of that.
     """
     if model not in _MODULES:  # weak: the list holds the model itself, which a strong one would keep alive
@@ -233,7 +233,7 @@ def compile_layers(model: torch.nn.Module, backend: str = "inductor", mode: str 
     modules, parameter names and state dict are unchanged (weight sync, peft and checkpoints
     see the eager model); the LM head and the log-prob kernels stay outside. The win is
     host time: a compiled layer launches a handful of fused kernels instead of dozens of
-    small ops per LoRA linear (benchmarks/RESULTS.md, i).
+    small ops per LoRA linear (docs/benchmarks.md).
 
     A layer that fails to compile runs eagerly (dynamo's ``suppress_errors``, with its warning),
     and a model with no repeated blocks is left as it is.
@@ -262,8 +262,7 @@ def _compile_region(module: torch.nn.Module, backend: str, mode: str | None) -> 
     compile is already the one every later row reuses; other sizes turn dynamic once they change
     (``dynamic=None``). With inductor, projections that read the same input compile as one
     product (:mod:`fusion`). With every size symbolic from the first call (``dynamic=True``) the
-    stack's CUDA graphs crash with torch 2.11 (SIGSEGV on an H200) and the layers compile slower
-    (benchmarks/RESULTS.md, am)."""
+    stack's CUDA graphs crash with torch 2.11 (SIGSEGV) and the layers compile slower."""
     import torch._dynamo
 
     from vf_rl.trainer.speed import fusion
@@ -296,7 +295,7 @@ def _mark_row_sizes(args: tuple, kwargs: dict) -> None:
     float tensor of 3 or more dimensions (a feature width: ``[1, N, hidden]``), and the layout's
     ``cu_q``/``cu_k`` (segments + 1) and ``key_index`` (gathered keys). These are the sizes dynamo
     would turn dynamic at the second row (automatic dynamic shapes), which costs a second compile
-    of the region (on an H200, 111 s then 187 s for the decoder stack: benchmarks/RESULTS.md, al)."""
+    of the region (minutes for the decoder stack)."""
     layout = kwargs.get("vf_rl_packing")
     if layout is None or not layout.segments:
         return
@@ -327,8 +326,8 @@ def compile_stack(model: torch.nn.Module, backend: str = "inductor", mode: str |
 
     With ``mode`` in :data:`CUDA_GRAPH_MODES` the region runs as CUDA graphs: one forward and
     one backward graph per input shape, replayed without host work, so a host-bound step (small
-    models, LoRA) runs at the GPU's pace (benchmarks/RESULTS.md, ak: 1.99x TRL's best on
-    Qwen2-0.5B LoRA). Per-layer regions (:func:`compile_layers`) cannot replay graphs: every
+    models, LoRA) runs at the GPU's pace (``docs/benchmarks.md``). Per-layer regions
+    (:func:`compile_layers`) cannot replay graphs: every
     layer runs the same compiled code, whose replay overwrites the previous layer's output
     (pytorch/pytorch#152887).
     Each forward of the model (the LM head runs after the stack) marks a new cudagraph-trees
@@ -370,7 +369,7 @@ def record_layer_graphs(model: torch.nn.Module) -> int:
         _grads_before_forward(model)
         # autocast's weight cache off for the process: a recording needs it off (make_graphed_callables
         # refuses it), and layers compiled with it on compile again when it turns off (a guard on global
-        # state; 2.4 s in a run's third step, benchmarks/RESULTS.md, au). It only saves re-casting a
+        # state, seconds in a run's early steps). It only saves re-casting a
         # float32 weight used twice in one autocast region.
         torch.set_autocast_cache_enabled(False)
     return len(layers)
@@ -418,7 +417,7 @@ def compile_model(model: torch.nn.Module, backend: str = "inductor", mode: str |
     """``torch_compile = true``: each decoder layer (:func:`compile_layers`); with ``mode``
     ``"reduce-overhead"`` the layers then recorded as CUDA graphs per padded shape
     (:func:`record_layer_graphs`: the stack's speed at the per-layer compile's start-up,
-    benchmarks/RESULTS.md, ap), with ``"max-autotune"`` the decoder stack compiled instead as one
+    docs/benchmarks.md), with ``"max-autotune"`` the decoder stack compiled instead as one
     region of inductor's CUDA graphs with autotuned kernels (:func:`compile_stack`; a model with no
     stack apart from its head compiles its layers without CUDA graphs).
 

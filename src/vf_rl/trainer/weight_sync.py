@@ -25,7 +25,7 @@ Transports (``weight_sync`` in ``[trainer.args]``):
     ``ipc`` when they are all on the trainer's GPU, ``filesystem`` otherwise (CPU, a server on
     another host, a mix): ``config.rules.choose_weight_sync``.
     ``lora`` is never picked by itself: serving an unmerged adapter slows generation (figures
-    for each transport in benchmarks/RESULTS.md).
+    for each transport in docs/benchmarks.md).
 
 An update can overlap the next training step (:meth:`_Transport.push_async`): the weights are
 snapshotted on the trainer's stream, then sent from a background thread on a side stream while

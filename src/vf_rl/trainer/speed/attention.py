@@ -6,7 +6,7 @@ causal with the last query aligned to the last key (FlashAttention's bottom-righ
 On a CUDA device in bf16/fp16 it runs ``torch.nn.attention.varlen.varlen_attn`` (FlashAttention
 varlen, torch >= 2.10), a custom op that traces into a compiled decoder layer (``torch_compile``):
 each layer stays one graph, where a graph break around attention doubled the compiled regions a
-pass enters, host time that bounds small models' steps (benchmarks/RESULTS.md, ah). Elsewhere
+pass enters, host time that bounds small models' steps (docs/benchmarks.md). Elsewhere
 one ``scaled_dot_product_attention`` per segment, always run eagerly.
 """
 

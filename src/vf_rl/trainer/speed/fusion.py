@@ -1,13 +1,12 @@
 """Projections that read the same input, run as one matrix product in the compiled layers.
 
 A decoder layer's q, k and v projections (and a LoRA adapter's ``A`` matrices on them) each read
-the layer's normed hidden states. The narrowest run far below the GPU's matmul peak: on an H200 a
-rank-16 ``A`` product of Llama-1.2B runs at 30-56 TFLOP/s in ~7-28 us, where its MLP's products
-reach ~700 (k and v, 2,048 -> 512, reach 514-599; ``benchmarks/gemm_ceiling.py``, RESULTS.md av).
+the layer's normed hidden states. The narrowest run far below the GPU's matmul peak (a rank-16
+``A`` product is a few microseconds of a small fraction of it; ``benchmarks/gemm_ceiling.py``
+measures each product).
 One product over the concatenated weights, ``x @ cat(W_q, W_k, W_v)^T`` split along its last
 dimension, replaces several small ones, as fused-QKV attention does in other trainers (e.g. the
-``qkv_proj`` of vLLM's and Megatron's Llama): Llama-1.2B LoRA trains 4.0% faster with it, full
-weights the same (RESULTS.md av).
+``qkv_proj`` of vLLM's and Megatron's Llama); what it gains is in ``docs/benchmarks.md``.
 
 :class:`FuseSharedInputLinears` is an inductor pre-grad pass (``torch.compile(options=
 {"pre_grad_custom_pass": ...})``, :func:`model.compile_layers`) that does it on each compiled

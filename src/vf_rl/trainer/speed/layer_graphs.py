@@ -1,11 +1,11 @@
 """CUDA graphs recorded by hand over the compiled decoder layers (``torch_compile_mode = "reduce-overhead"``).
 
-A small model's training step is bound by the host launching kernels (Qwen2-0.5B LoRA on an
-H200: 37,275 tokens/s with per-layer compiled regions, 97,803 with the whole decoder stack as
-inductor's CUDA graphs; benchmarks/RESULTS.md, ao). The stack's graphs cost a 24-layer compile
-(150 s before the first step) and inductor cannot replay per-layer regions with torch 2.11 (one
+A small model's training step is bound by the host launching kernels: per-layer compiled
+regions run far below the whole decoder stack as inductor's CUDA graphs (``docs/benchmarks.md``).
+The stack's graphs cost a compile of every layer (minutes before the first step) and inductor cannot
+replay per-layer regions with torch 2.11 (one
 compiled function called on its own output, pytorch/pytorch#152887). :class:`LayerGraphs` keeps the
-per-layer compile (one graph for every layer, ~15-20 s) and records the layers' forward and
+per-layer compile (one graph for every layer, seconds) and records the layers' forward and
 backward, all layers in one graph each, with ``torch.cuda.make_graphed_callables`` per input
 shape: a training pass of a recorded shape then replays two graphs instead of launching every
 kernel from Python.

@@ -268,8 +268,7 @@ def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch
     a dtype's host tensors are written into one buffer (pinned for a GPU, so the copy is
     asynchronous), each at a 16-byte aligned offset as kernels expect, copied, and read back as
     views of their shapes. A 64-rollout batch's eight packed micro batches hold ~90 tensors, whose
-    copies one by one from pageable memory each wait on the host (~1.5 ms of an H200 LoRA step's
-    start, benchmarks/RESULTS.md, av)."""
+    copies one by one from pageable memory would each wait on the host at the step's start."""
     device = torch.device(device)
     found: dict[tuple[int, str, str | None], torch.Tensor] = {}  # (micro batch, field, layout field) -> tensor
     for i, mb in enumerate(micro_batches):
@@ -314,7 +313,7 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
     segment and head, most of which return at once; compiled code cannot pass each row's exact
     longest segments without compiling again per value, and with the row's length in their place
     attention took 57% of the GPU time of a SmolLM2-135M LoRA step on a 15k-token row of ~120-token
-    samples (benchmarks/RESULTS.md, ar)."""
+    samples (docs/benchmarks.md)."""
     ids, positions = [], []
     pos_maps: list[Sequence[int]] = []  # per sample, the row position of each of its tokens: its keys
     q_segments, k_bounds = [], [0]

@@ -7,10 +7,9 @@ changes turns dynamic at a second compile, dynamo's automatic dynamic shapes).
 starts when the trainer has GPUs of its own, else (one GPU for both) once vLLM holds its share of
 the GPU (:func:`server_memory_taken`: vLLM sizes its KV cache from the GPU's used memory as it
 starts, other processes' allocations counted as its own, ``vllm/utils/mem_utils.py``; its graph
-capture and warm-up after that allocation took ~25 s on an H200, benchmarks/RESULTS.md, ar), or
+capture and warm-up come after that allocation), or
 once it is up where that cannot be seen, while the first batch generates. Step 1 then trains at once instead of
-compiling after its rollouts arrive (on an H200, 21 + 19 s per-layer, 111 + 187 s as CUDA
-graphs for SmolLM2-135M over the first steps; benchmarks/RESULTS.md, al).
+compiling after its rollouts arrive (``docs/benchmarks.md`` gives the time to the first step).
 
 What a later step reuses is the graph of each input form (packed rows, shared prompts, the
 reference model's no-grad pass, bucket padding for CUDA graphs) with dynamic sizes. So the
