@@ -63,10 +63,14 @@ class RLTrainer(CheckpointingTrainer):
         env: the environment whose training rows, eval rows and rubric are used.
         args: :class:`RLConfig`.
         processing_class: the tokenizer (loaded from ``model`` if omitted).
-        loss_fn: the policy loss (``loss.py``); default the one ``args.loss_type`` names.
-        advantage_fn: rewards to advantages (``advantage.py``); default ``args.advantage_type``'s.
+        loss_fn: the policy loss (``algorithm/loss.py``); default the one ``args.loss_type`` names.
+        advantage_fn: rewards to advantages (``algorithm/advantage.py``); default ``args.advantage_type``'s.
         server_shares_gpu: vLLM starts on this GPU too (``[inference] shared``), with this share of it (its
-            ``gpu_memory_utilization``; True: not known): compile once it holds that, else once it is up (warmup.py).
+            ``gpu_memory_utilization``; True: not known): compile once it holds that, else once it is up
+            (``speed/warmup.py``).
+        served_model_name: the model name the server serves (default ``model``'s id).
+
+    Other keyword arguments go to ``transformers.Trainer`` (``callbacks``, ...).
 
     The inference server (vf-vllm) must serve the same base model at
     ``args.vllm_server_host:vllm_server_port``; ``train()`` waits for it up to
@@ -75,7 +79,8 @@ class RLTrainer(CheckpointingTrainer):
 
     def __init__(self, model: str | PreTrainedModel, env: Environment, args: RLConfig,
                  processing_class: PreTrainedTokenizerBase | None = None, loss_fn: LossFn | None = None,
-                 advantage_fn: AdvantageFn | None = None, **kwargs):
+                 advantage_fn: AdvantageFn | None = None, server_shares_gpu: float | bool = False,
+                 served_model_name: str | None = None, **kwargs):
         model_id = model if isinstance(model, str) else model.config._name_or_path
         resolve_temperature(args, env)
         if isinstance(model, str):
@@ -95,8 +100,8 @@ class RLTrainer(CheckpointingTrainer):
             model = apply_lora(model, args)
         if args.tiled_mlp:  # before compiling: a compiled layer calls the tiled MLP eagerly (tiling.py)
             print(f"tiled_mlp: {tile_mlps(model)} MLPs run in tiles", flush=True)
-        self.served_model_name = kwargs.pop("served_model_name", model_id)
-        self.server_shares_gpu = kwargs.pop("server_shares_gpu", False)
+        self.served_model_name = served_model_name or model_id
+        self.server_shares_gpu = server_shares_gpu
         with_eval = evaluating(args) or args.eval_on_start
         super().__init__(model=model, args=args, processing_class=tokenizer, data_collator=lambda items: {},
                          train_dataset=StepsDataset(args.max_steps * args.micro_batch_size * args.world_size),
