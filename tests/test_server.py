@@ -202,16 +202,16 @@ def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypa
     (``timing/sync_push_s``) in the step that collects it, every batch after the first is one step off-policy, and the
     run ends with the push collected."""
     from vf_rl import RLConfig, RLTrainer
-    from vf_rl.trainer import trainer as trainer_module
+    from vf_rl.trainer import weight_sync as weight_sync_module
 
-    monkeypatch.setattr(trainer_module, "choose_weight_sync", lambda *args, **kwargs: "nccl")
+    monkeypatch.setattr(weight_sync_module, "choose_weight_sync", lambda *args, **kwargs: "nccl")
     made = []
 
     def make(kind, client, *args):
         made.append(BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120))
         return made[-1]
 
-    monkeypatch.setattr(trainer_module, "make_weight_sync", make)
+    monkeypatch.setattr(weight_sync_module, "make_weight_sync", make)
     args = RLConfig(output_dir=str(tmp_path), use_cpu=True, vllm_server_port=server.port, batch_size=4,
                     rollouts_per_example=2, micro_batch_size=4, max_tokens=8, max_steps=3, learning_rate=1e-3,
                     logging_steps=1, save_steps=100, report_to=[], torch_compile=True, torch_compile_backend="aot_eager")

@@ -30,10 +30,8 @@ from vf_rl.algorithm.advantage import AdvantageFn, get_advantage
 from vf_rl.algorithm.loss import LossFn, LossInputs, get_loss, micro_batch_loss
 from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
-from vf_rl.config.rules import choose_weight_sync
 from vf_rl.env_api import Environment
 from vf_rl.inference.client import InferenceClient
-from vf_rl.inference.communicator import device_uuid
 from vf_rl.inference.supervision import MAX_RESTARTS
 from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
 from vf_rl.orchestrator.orchestrator import Batch, Orchestrator
@@ -51,7 +49,7 @@ from vf_rl.trainer.speed.logprobs import micro_batch_logprobs
 from vf_rl.trainer.speed.packing import micro_batches_to, plan_micro_batches
 from vf_rl.trainer.speed.tiling import tile_mlps
 from vf_rl.trainer.speed.warmup import server_memory_taken, warm_up
-from vf_rl.trainer.weight_sync import LORA_NAME, make_weight_sync
+from vf_rl.trainer.weight_sync import LORA_NAME, open_weight_sync
 from vf_rl.trainer.weights import gathered_weights
 
 
@@ -66,11 +64,9 @@ class RLTrainer(CheckpointingTrainer):
         loss_fn: the policy loss (``algorithm/loss.py``); default the one ``args.loss_type`` names.
         advantage_fn: rewards to advantages (``algorithm/advantage.py``); default ``args.advantage_type``'s.
         server_shares_gpu: vLLM starts on this GPU too (``[inference] shared``), with this share of it (its
-            ``gpu_memory_utilization``; True: not known): compile once it holds that, else once it is up
-            (``speed/warmup.py``).
-        served_model_name: the model name the server serves (default ``model``'s id).
-
-    Other keyword arguments go to ``transformers.Trainer`` (``callbacks``, ...).
+            ``gpu_memory_utilization``; True: not known): compile once it holds that (``speed/warmup.py``).
+        served_model_name: the model name the server serves (default ``model``'s id). Other keyword
+            arguments go to ``transformers.Trainer``.
 
     The inference server (vf-vllm) must serve the same base model at
     ``args.vllm_server_host:vllm_server_port``; ``train()`` waits for it up to
@@ -192,12 +188,7 @@ class RLTrainer(CheckpointingTrainer):
     def _open_weight_sync(self) -> str:
         """Main process: pick and open the weight-sync transport (again after a server restart:
         an NCCL group must be formed with the new workers). Returns its kind."""
-        a = self.args
-        devices = [d for server in self.servers for d in server.weight_sync_info()["devices"]]
-        kind = choose_weight_sync(a.weight_sync, device_uuid(a.device), devices,
-                                  server_is_local=all(server.is_local for server in self.servers))
-        self.weight_sync = make_weight_sync(kind, self.servers, Path(a.output_dir), a.device, a.weight_sync_port,
-                                            a.weight_sync_bucket_mb, a.vllm_server_timeout)
+        self.weight_sync, kind = open_weight_sync(self.args, self.servers)
         return kind
 
     def _start_inference_side(self, begun=None) -> None:

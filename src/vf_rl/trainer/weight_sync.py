@@ -42,8 +42,10 @@ from pathlib import Path
 
 import torch
 
+from vf_rl.config.rules import choose_weight_sync
 from vf_rl.inference.buckets import empty_buffers, pack_buckets, plan_buckets
 from vf_rl.inference.client import InferenceClient
+from vf_rl.inference.communicator import device_uuid
 from vf_rl.trainer.weights import export_weights, merged_tensors
 
 LORA_NAME = "vf-rl-lora"
@@ -295,3 +297,18 @@ def make_weight_sync(kind: str, client, output_dir: Path, device: torch.device, 
               f"{time.perf_counter() - start:.1f} s", flush=True)
         return sync
     raise ValueError(f"weight_sync: unknown transport {kind!r}")
+
+
+def open_weight_sync(args, servers: list) -> tuple[object, str]:
+    """The run's transport, opened: ``args.weight_sync`` (an ``RLConfig``'s; ``auto`` decided here
+    by ``rules.choose_weight_sync``, the one rule the launch also checks the file's layout with)
+    applied to the devices the ``servers`` report (their clients). Returns ``(transport, kind)``.
+
+    Raises:
+        ConfigError: the asked transport cannot reach these devices.
+    """
+    devices = [d for server in servers for d in server.weight_sync_info()["devices"]]
+    kind = choose_weight_sync(args.weight_sync, device_uuid(args.device), devices,
+                              server_is_local=all(server.is_local for server in servers))
+    return make_weight_sync(kind, servers, Path(args.output_dir), args.device, args.weight_sync_port,
+                            args.weight_sync_bucket_mb, args.vllm_server_timeout), kind
