@@ -3,7 +3,7 @@
 vLLM 0.26, whose ``APIServerProcessManager`` has the gathering step, runs only on the GPU
 machines; the vLLM here (0.32, CPU) has none. The class below has 0.26's signature and a gathering
 step that records that it was waited on, so the wrapping is checked here; the GPU run is
-``benchmarks/RESULTS.md``'s launch-to-step-1 line.
+the launch-to-step-1 row of ``benchmarks/RESULTS.md``'s *Learning per wall-clock (reverse-text, one GPU)*.
 """
 
 from __future__ import annotations

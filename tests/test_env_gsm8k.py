@@ -139,7 +139,7 @@ def test_generate_against_server(server, env):
 
 def test_math_answers_score_off_the_main_thread(env):
     """The orchestrator scores rollouts in its event loop's thread, where math-verify's SIGALRM
-    timeout cannot be set: there every answer used to score 0 (the gsm8k run of RESULTS (m))."""
+    timeout cannot be set: there every answer used to score 0."""
     results = []
 
     def in_a_thread():

@@ -2,8 +2,7 @@
 the CPU, reverse-text with two few-shot turns) raises the training reward by a margin, and the
 time budget (``max_time_s``) ends a run with its checkpoint and final evaluation.
 
-The margin was checked on seeds 0-4 before it landed (``VF_RL_LEARNING_SEED`` picks another seed;
-benchmarks/RESULTS.md, "CI learning test")."""
+The margin was checked on seeds 0-4 before it landed (``VF_RL_LEARNING_SEED`` picks another seed)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """benchmarks/learning.py: the JSON points, the rewards at fixed minutes, the time to reach the
 best TRL side's final reward, the TRL side names, and --from-json (table and plot). The runs
-themselves need a server and TRL for minutes each: the CPU smoke run is in benchmarks/RESULTS.md."""
+themselves need a server and TRL for minutes each (benchmarks/RESULTS.md, *CPU*)."""
 
 from __future__ import annotations
 

@@ -51,17 +51,24 @@ def measured_passes(args: dict, overrides: dict) -> list[tuple[int, int]]:
     return [(mb.input_ids.numel(), int(mb.loss_mask.sum())) for mb in plans]
 
 
+def records(kind: str, pattern: str):
+    """``(name, record)`` of every ``benchmarks/results/<pattern>`` file and of every record of
+    ``kind`` (``"trainer_step"``, ``"learning"``) kept in ``results/memory-peaks.json``."""
+    for path in sorted(RESULTS.glob(pattern)):
+        yield path.stem, json.loads(path.read_text())
+    yield from sorted(json.loads((RESULTS / "memory-peaks.json").read_text())[kind].items())
+
+
 def measured_cases():
-    """Every vf-rl side with a GPU peak in benchmarks/results/trainer-step-*.json."""
+    """Every vf-rl side with a GPU peak in the trainer-step records (``benchmarks/trainer_step.py``'s JSON)."""
     bench = trainer_step_module()
     configs = bench.MODEL_CONFIGS
-    for path in sorted(RESULTS.glob("trainer-step-*.json")):
-        record = json.loads(path.read_text())
+    for stem, record in records("trainer_step", "trainer-step-*.json"):
         args = record["args"]
         for side, result in record["results"].items():  # peer sides (TRL, Unsloth) left out
             if bench.is_trl(side) or not result.get("peak_mem_bytes") or args["model_config"] not in configs:
                 continue
-            yield f"{path.stem}:{side}", record, side, result
+            yield f"{stem}:{side}", record, side, result
 
 
 def test_the_estimate_is_within_25_percent_of_every_measured_peak():
@@ -75,7 +82,7 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
         if args["lora"]:
             assert shape.lora_params(args["lora_rank"]) == result["trainable_params"], name
         if "recorded as CUDA graphs per padded shape" in mode:
-            # (ap)'s layer graphs, one recording per layer: each kept its own input, output and
+            # the earlier layer graphs, one recording per layer: each kept its own input, output and
             # gradient buffers per shape (4 x layers x row x hidden), which the one recording of
             # every layer since keeps once; not what runs now
             continue
@@ -98,9 +105,9 @@ def test_the_estimate_is_within_25_percent_of_every_measured_peak():
         if cuda_graphs:
             # one graph over the stack (or over every layer) keeps fewer tensors than the per-layer
             # regions the estimate models at one shape (the peak 10-36% below the estimate at fixed
-            # length, RESULTS ak; the layers' one graph 21-31% below on full weights, aq), but
-            # realistic batches record a graph per padded shape, whose pool held 11% above it (al):
-            # there, under by no more than any other side
+            # length; the layers' one graph 21-31% below on full weights), but realistic batches
+            # record a graph per padded shape, whose pool held 11% above it: there, under by no
+            # more than any other side
             stack_errors[name] = error
         else:
             errors[name] = error
@@ -122,14 +129,13 @@ later ones on one trainer GPU record them (``defaults.records_layers_by_default`
 
 STACK_MODE_UNTIL = "2026-11-29 09:00 UTC"
 """Learning runs dated before this ran the decoder stack's CUDA graphs for ``torch_compile_mode =
-"reduce-overhead"`` (RESULTS ak-ao); later ones record the compiled layers (ap on)."""
+"reduce-overhead"``; later ones record the compiled layers."""
 
 
 def learning_runs():
     """Every vf-rl side of benchmarks/results/learning-*.json: the config it ran, the peak over its
     GPUs (nvidia-smi's memory used, less what was used before) and one card's memory in bytes."""
-    for path in sorted(RESULTS.glob("learning-*.json")):
-        record = json.loads(path.read_text())
+    for stem, record in records("learning", "learning-*.json"):
         side = record["sides"].get("vf-rl")
         if side and side.get("peak_gib") and record["settings"].get("device") == "gpu":
             # the card's memory sets vLLM's share (gpu_memory_utilization x memory): recorded since
@@ -141,7 +147,7 @@ def learning_runs():
                 args["torch_compile_mode"] = "default"  # what an unset mode ran then
             if args.get("torch_compile_mode") == "reduce-overhead" and record["settings"]["date"] < STACK_MODE_UNTIL:
                 args["torch_compile_mode"] = "max-autotune"  # what runs the stack's graphs now
-            yield (path.stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20,
+            yield (stem, side["settings"]["config"], side["peak_gib"] * GIB, gpus[0]["memory_total_mib"] * 2**20,
                    liger, record["settings"]["date"] < PADDED_TO_BUDGET_UNTIL and args.get("torch_compile") is not False
                    and args.get("torch_compile_mode") in CUDA_GRAPH_MODES)
 
