@@ -186,7 +186,8 @@ def test_file_missing(tmp_path):
 
 def test_first_argument_not_at(tmp_path):
     assert_one_line_error(run(["config.toml"], tmp_path), "first argument must be '@'")
-    assert_one_line_error(run([], tmp_path), "first argument must be '@'")
+    no_args = run([], tmp_path)  # the help on stderr, as a usage error (tests/test_cli_help.py)
+    assert no_args.returncode == 2 and no_args.stderr.startswith("usage: vf-rl @ config.toml"), no_args.stderr
 
 
 def test_tmux_not_installed(tmp_path):

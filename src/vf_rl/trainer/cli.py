@@ -2,32 +2,54 @@
 
     vf-train @ config.toml [--resume]
 
-Exit status: 0 done; 1 nothing to train on (every rollout of a batch failed, or ``preflight =
-"strict"`` judged the first batch failing, too hard or without spread; one line); 2 bad input
-(one line naming the file and key); 3 the inference server exited or never came up (one line
-with its last error); 130 Ctrl-C.
-
-Loads the config (a ``resolved.toml`` that ``vf-rl`` wrote is used as it is; any other file is
-resolved first, ``config.schema.load_config``, and written to ``<output_dir>/resolved.toml``),
-``[env]``, builds ``RLConfig(**[trainer.args])`` and ``RLTrainer(model, env, args)``, and trains.
-The vf-vllm server named by ``vllm_server_host``/``vllm_server_port`` must be serving ``model``.
-``VF_RL_CPU_CORES`` (e.g. ``1`` or ``2-3``; ``vf-rl`` sets it when the server and
-the trainer share the CPU) pins the trainer to those cores before torch starts.
+What it does, its options and its exit statuses are its help (``USAGE``, ``DESCRIPTION``,
+``EPILOG``; ``vf-train --help``).
 """
 
 from __future__ import annotations
 
 import sys
 
+from vf_rl.config.cli_help import CommandParser, parse_at_command
 from vf_rl.config.cpus import apply_trainer_cores
 from vf_rl.config.resolved_toml import write_resolved
-from vf_rl.config.schema import ConfigError, load_config, parse_at_args
+from vf_rl.config.schema import load_config
 from vf_rl.env_api.checks import check_environments
 
 EXIT_BAD_INPUT = 2
 EXIT_ALL_FAILED = 1
 EXIT_SERVER_GONE = 3
 EXIT_INTERRUPTED = 130  # as bash reports a command ended by Ctrl-C
+
+
+USAGE = """vf-train @ config.toml [--resume]
+       vf-train -h | --help | --version"""
+
+DESCRIPTION = """\
+Train on a vf-rl config alone: the trainer that vf-rl starts in its "Trainer" pane, for a server
+started by hand or on another machine.
+
+vf-train loads the config (a resolved.toml that vf-rl wrote is used as it is; any other file is
+checked and resolved first, and written to <output_dir>/resolved.toml), loads the environments
+of [env], builds RLConfig from [trainer.args] and trains the model with RLTrainer. The vf-vllm
+server at vllm_server_host:vllm_server_port must already be serving the config's model (start
+one with vf-vllm @ config.toml). VF_RL_CPU_CORES (for example 1 or 2-3) pins the trainer to those
+CPU cores before torch starts; vf-rl sets it when the server and the trainer share the CPU."""
+
+EPILOG = """\
+exit status: 0 done; 1 nothing to train on (every rollout of a batch failed, or preflight =
+"strict" judged the first batch unable to teach; one line); 2 bad input (one line naming the file
+and the key); 3 the inference server exited or never came up (one line with its last error);
+130 Ctrl-C (the last complete checkpoint is kept)."""
+
+
+def build_parser() -> CommandParser:
+    """The parser of ``vf-train @ config.toml [options]``; its help is ``vf-train --help``."""
+    parser = CommandParser("vf-train", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("--resume", action="store_true",
+                        help="Resume from the last complete checkpoint in output_dir: weights, optimizer, "
+                             "learning-rate schedule, step count and dataset position.")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +63,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        config_path, rest = parse_at_args(argv, "vf-train")
-        unknown = [r for r in rest if r != "--resume"]
-        if unknown:
-            raise ConfigError(f"unknown options {' '.join(unknown)} (usage: vf-train @ config.toml [--resume])")
+        config_path, opts = parse_at_command(build_parser(), argv)
         # VF_RL_CPU_CORES (set by vf-rl when both sides share the CPU), before anything imports torch:
         # checking a TrainingArguments key may import transformers (where its source cannot be read), and a torch thread pool
         # sized for every core but pinned to fewer makes each training step many times slower
@@ -62,7 +81,7 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         args = RLConfig(**config.trainer.args)
-        if "--resume" in rest:
+        if opts.resume:
             args.resume_from_checkpoint = True
         env = load_environments(config.envs, args.seed)
     except (TypeError, ValueError) as exc:

@@ -69,13 +69,36 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
+USAGE = """vf-rl plot RUN_DIR [-o FILE]
+       vf-rl plot -h | --help | --version"""
+
+DESCRIPTION = """\
+Plot a run's metrics against the step: the reward of each training batch and the eval reward,
+the entropy, the importance ratio and mismatch KL, and the seconds of each step (waiting for
+the batch, weight sync, training; generation, which overlaps them, as a line). The metrics come
+from RUN_DIR/metrics.jsonl, which every run writes; the plot is saved as a PNG file, by default
+RUN_DIR/metrics.png, which a run also writes when it ends. The file's path is printed."""
+
+EPILOG = """\
+exit status: 0 done; 2 no readable metrics.jsonl in RUN_DIR (one line)."""
+
+
+def build_parser():
+    """The parser of ``vf-rl plot``; its help is ``vf-rl plot --help``."""
+    from vf_rl.config.cli_help import CommandParser
+
+    parser = CommandParser("vf-rl plot", usage=USAGE, description=DESCRIPTION, epilog=EPILOG)
+    parser.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                        help="The run's output directory (output_dir, by default outputs/<run_name>).")
+    parser.add_argument("-o", "--out", type=Path, default=None, metavar="FILE",
+                        help="The PNG file to write (default RUN_DIR/metrics.png).")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 1:
-        print("usage: vf-rl plot RUN_DIR", file=sys.stderr)
-        return 2
+    opts = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
-        print(plot_run(Path(argv[0])))
+        print(plot_run(opts.run_dir, opts.out))
     except (FileNotFoundError, json.JSONDecodeError) as exc:
         print(f"vf-rl plot: error: {exc}", file=sys.stderr)
         return 2
