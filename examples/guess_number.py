@@ -2,7 +2,7 @@
 
 Use it by id from any directory on the Python path (or an installed package):
 
-    vf-eval guess-number -m MODEL -n 10 -r 4          # module name guess_number
+    vf-rl eval guess-number -m MODEL -n 10 -r 4       # module name guess_number
     [env]
     id = "you/guess-number"                           # in a vf-rl config; the owner/ prefix is dropped
 """

@@ -1,4 +1,4 @@
-"""Summary statistics of scored rollouts, shared by training batches, evaluation and vf-eval."""
+"""Summary statistics of scored rollouts, shared by training batches, evaluation and ``vf-rl eval``."""
 
 from __future__ import annotations
 
