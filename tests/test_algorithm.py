@@ -3,7 +3,9 @@
 - the example loss (examples/custom_loss.py) against a hand computation;
 - RLTrainer with ``loss_fn=`` logs whatever statistics the loss returns, under the convention;
 - real ``vf-train`` runs against the real server with ``loss_type = "custom_loss:gspo_loss"``
-  (the example, by config key only) and with the built-in ``dapo`` + ``group_mean_std``.
+  (the example, by config key only), with the built-in ``dapo`` + ``group_mean_std``, and with
+  each of TRL's loss types (``grpo``, ``dr_grpo``, ``bnpo``, ``gspo``);
+- the trainer gives a loss the whole batch's totals, so a per-sample mean spans micro batches.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 import torch
 from conftest import write_cpu_config
 
-from vf_rl.algorithm.loss import LossInputs, LossOutput, micro_batch_loss
+from vf_rl.algorithm.loss import LossInputs, LossOutput, grpo_loss, micro_batch_loss
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))
@@ -78,6 +80,40 @@ def test_trainer_logs_what_a_loss_returns(model_dir, tmp_path):
     assert stats == {"ones": 1.0, "rows/max": 2.0, "tokens/loss": 10.0, "tokens/trained": 28.0}
 
 
+def test_trainer_gives_each_micro_batch_the_batch_totals(model_dir, tmp_path):
+    """RLTrainer on SmolLM2 with TRL's ``grpo`` over five samples of different lengths (one without
+    loss tokens) in several micro batches: the step's loss is the mean over the four trained samples
+    of each one's token mean, as if the whole batch were one pass."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.env_api import load_environment
+    from vf_rl.orchestrator.orchestrator import Batch
+    from vf_rl.orchestrator.samples import Sample
+
+    rows = []
+
+    def recording_grpo(inputs: LossInputs, args) -> LossOutput:
+        out = grpo_loss(inputs, args)
+        rows.extend(float(out.per_token.detach()[b][inputs.loss_mask[b]].mean()) for b in range(len(inputs.loss_mask))
+                    if inputs.loss_mask[b].any())
+        return out
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    args = RLConfig(output_dir=str(tmp_path), use_cpu=True, batch_size=4, rollouts_per_example=2, micro_batch_size=2,
+                    padding_free=False, max_steps=1, report_to=[])
+    env = load_environment("reverse-text", source="offline", num_train_examples=4, num_eval_examples=1)
+    trainer = RLTrainer(model=model, env=env, args=args, processing_class=tokenizer, served_model_name="t",
+                        loss_fn=recording_grpo)
+    g = torch.Generator().manual_seed(0)
+    samples = [Sample(list(range(10, 10 + p + c)), [0] * p + [1] * c, [0.0] + (-torch.rand(p + c - 1, generator=g)).tolist(), a)
+               for p, c, a in ((5, 3, 1.0), (4, 2, -1.0), (6, 0, 0.5), (6, 7, 0.5), (3, 1, -0.5))]
+    loss, stats = trainer._train_on_batch(trainer.model, Batch(step=0, samples=samples, rollouts=[]))
+    assert len(rows) == 4 and stats["tokens/loss"] == 13.0
+    assert float(loss) == pytest.approx(sum(rows) / 4, rel=1e-5)
+
+
 def run_vf_train(config: Path, out: Path, pythonpath: str | None = None) -> list[dict]:
     """``vf-train @ config`` to the end; the logged training steps of ``out/metrics.jsonl``."""
     env = dict(os.environ)
@@ -114,3 +150,19 @@ def test_builtin_dapo_and_grpo_advantage_train(server, model_dir, tmp_path, rest
         assert 0.5 < s["importance_ratio"] < 2.0 and math.isfinite(s["loss"])
         # GRPO's advantage: within a group with any spread, |advantages| average about 1
         assert s["advantage/absmean"] == 0.0 or 0.3 < s["advantage/absmean"] < 1.5
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "gspo"])
+def test_trl_loss_types_train(server, model_dir, tmp_path, restore_base_weights, loss_type):
+    """TRL's loss names train by the config key alone: two steps of vf-train each, with the clip's statistics
+    (GSPO's sequence ratio besides)."""
+    out = tmp_path / loss_type
+    config = write_cpu_config(tmp_path / f"{loss_type}.toml", model_dir, out, server.port, max_steps=2, batch_size=8,
+                              rollouts_per_example=4, micro_batch_size=4, max_tokens=12, loss_type=loss_type)
+    steps = run_vf_train(config, out)
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert {"clipped/low_fraction", "clipped/high_fraction", "entropy"} <= set(s) and "masked/low_fraction" not in s
+        assert 0.5 < s["importance_ratio"] < 2.0 and math.isfinite(s["loss"]) and s["tokens/loss"] > 0
+        assert ("sequence_ratio" in s) == (loss_type == "gspo")

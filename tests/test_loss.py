@@ -9,17 +9,24 @@ import torch
 from plain_logprobs import policy_logprobs
 
 from vf_rl.algorithm.loss import (
+    BatchTotals,
     LossInputs,
+    LossOutput,
+    bnpo_loss,
     cispo_loss,
     dapo_loss,
+    dr_grpo_loss,
     get_loss,
+    grpo_loss,
+    gspo_loss,
     micro_batch_loss,
 )
 from vf_rl.config.choices import builtin_functions
 from vf_rl.config.rules import ConfigError
 from vf_rl.trainer.speed.logprobs import selective_logprobs
 
-ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0)
+ARGS = SimpleNamespace(mask_ratio_low=0.125, mask_ratio_high=8.0, epsilon_low=0.2, epsilon_high=0.28, beta=0.0,
+                       max_tokens=None, max_seq_len=256)
 
 
 def run_loss(fn, trainer_lp, sampling_lp, adv, mask, normalizer, **args):
@@ -175,15 +182,119 @@ def test_dapo_gradient_is_zero_exactly_where_the_clip_binds():
 
 
 def test_losses_resolve_by_name_and_module_path():
-    assert get_loss("cispo") is cispo_loss and get_loss("dapo") is dapo_loss
-    assert set(builtin_functions("loss")) == {"cispo", "dapo"}  # each registered by its option
+    builtins = {"cispo": cispo_loss, "dapo": dapo_loss, "grpo": grpo_loss, "dr_grpo": dr_grpo_loss, "bnpo": bnpo_loss,
+                "gspo": gspo_loss}
+    assert {name: get_loss(name) for name in builtins} == builtins
+    assert set(builtin_functions("loss")) == set(builtins)  # each registered by its option
     assert get_loss("vf_rl.algorithm.loss:dapo_loss") is dapo_loss
-    with pytest.raises(ConfigError, match="loss_type: expected one of cispo, dapo"):
+    with pytest.raises(ConfigError, match="loss_type: expected one of cispo, dapo, grpo, dr_grpo, bnpo, gspo"):
         get_loss("ppo")
     with pytest.raises(ConfigError, match="loss_type: cannot import module 'no_such_module'"):
         get_loss("no_such_module:my_loss")
     with pytest.raises(ConfigError, match="has no function 'nope'"):
         get_loss("vf_rl.algorithm.loss:nope")
+
+
+def surrogate(ratio, adv, eps_low, eps_high):
+    return -min(ratio * adv, min(max(ratio, 1 - eps_low), 1 + eps_high) * adv)
+
+
+def trl_reference(name, trainer_lp, sampling_lp, ref_lp, adv, mask, shards, eps_low, eps_high, beta, length):
+    """TRL's ``_compute_loss`` aggregations (trl/trainer/grpo_trainer.py), in float64 Python: each
+    token's ``surrogate + beta * k3`` (GSPO: the surrogate of the sequence's ratio), aggregated per
+    ``name``; ``shards``: each trainer process's rows (bnpo's local batches)."""
+    def k3(b, t):
+        d = float(ref_lp[b, t]) - float(trainer_lp[b, t])
+        return math.exp(d) - d - 1
+
+    def log_r(b, t):
+        return float(trainer_lp[b, t]) - float(sampling_lp[b, t])
+
+    tokens = {b: [t for t in range(mask.shape[1]) if mask[b, t]] for b in range(mask.shape[0])}
+    tokens = {b: ts for b, ts in tokens.items() if ts}  # the samples with loss tokens
+    if name == "gspo":
+        seq = {b: math.exp(sum(log_r(b, t) for t in ts) / len(ts)) for b, ts in tokens.items()}
+        loss = {(b, t): surrogate(seq[b], float(adv[b]), eps_low, eps_high) + beta * k3(b, t)
+                for b, ts in tokens.items() for t in ts}
+    else:
+        loss = {(b, t): surrogate(math.exp(log_r(b, t)), float(adv[b]), eps_low, eps_high) + beta * k3(b, t)
+                for b, ts in tokens.items() for t in ts}
+    if name in ("grpo", "gspo"):  # the mean over samples of each sample's token mean
+        return sum(sum(loss[b, t] for t in ts) / len(ts) for b, ts in tokens.items()) / len(tokens)
+    if name == "dr_grpo":  # summed, over samples x max_completion_length
+        return sum(loss.values()) / (len(tokens) * length)
+    if name == "bnpo":  # each process's token mean, averaged over processes (DDP)
+        means = [sum(v for (b, _), v in loss.items() if b in rows) / sum(len(tokens.get(b, [])) for b in rows)
+                 for rows in shards]
+        return sum(means) / len(means)
+    raise ValueError(name)
+
+
+TRL_LOSSES = {"grpo": grpo_loss, "dr_grpo": dr_grpo_loss, "bnpo": bnpo_loss, "gspo": gspo_loss}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("name", list(TRL_LOSSES))
+def test_trl_losses_match_their_formulas_over_micro_batches_and_processes(name, seed):
+    """Six samples (one without loss tokens) on two trainer processes, each in two micro batches,
+    with a KL term: summing each process's micro batches (the trainer's N / P normaliser) and
+    averaging the processes (DDP) gives TRL's aggregation of each loss type, computed by hand."""
+    trainer_lp, sampling_lp, adv, mask = random_inputs(seed, B=6, T=7, spread=0.3)
+    mask[4] = False
+    ref_lp = trainer_lp + torch.randn(trainer_lp.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    args = SimpleNamespace(**{**vars(ARGS), "beta": 0.1, "max_tokens": 10, "epsilon_high": 0.2})
+    shards, micro = [[0, 1, 2], [3, 4, 5]], [[[0, 1], [2]], [[3], [4, 5]]]
+    n = int(mask.sum())
+    totals = [BatchTotals(n, 5, int(mask[rows].sum()), 2) for rows in shards]
+    process_losses = []
+    for p in range(2):
+        loss = 0.0
+        for rows in micro[p]:
+            inputs = LossInputs(trainer_lp[rows].float(), sampling_lp[rows].float(), adv[rows].float(), mask[rows],
+                                torch.zeros(len(rows), 7), ref_lp[rows].float(), totals[p])
+            loss = loss + micro_batch_loss(TRL_LOSSES[name], inputs, args, n / 2)[0]
+        process_losses.append(loss)
+    expected = trl_reference(name, trainer_lp, sampling_lp, ref_lp, adv, mask, shards, 0.2, 0.2, 0.1, 10)
+    assert (sum(process_losses) / 2).item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    # the micro batch alone (no totals) is a whole batch on one process
+    alone = LossInputs(trainer_lp.float(), sampling_lp.float(), adv.float(), mask, torch.zeros(6, 7), ref_lp.float())
+    expected = trl_reference(name, trainer_lp, sampling_lp, ref_lp, adv, mask, [range(6)], 0.2, 0.2, 0.1, 10)
+    assert micro_batch_loss(TRL_LOSSES[name], alone, args, n)[0].item() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_dr_grpo_constant_is_max_tokens_else_max_seq_len():
+    trainer_lp, sampling_lp, adv, mask = random_inputs(3)
+    inputs = LossInputs(trainer_lp, sampling_lp, adv, mask, torch.zeros_like(trainer_lp))
+    losses = [micro_batch_loss(dr_grpo_loss, inputs, SimpleNamespace(**{**vars(ARGS), **extra}), 1.0)[0].item()
+              for extra in ({"max_tokens": None, "max_seq_len": 64}, {"max_tokens": 64, "max_seq_len": 256},
+                            {"max_tokens": 32, "max_seq_len": 256})]
+    assert losses[0] == pytest.approx(losses[1], rel=1e-12) and losses[2] == pytest.approx(2 * losses[1], rel=1e-12)
+
+
+def test_gspo_gradient_is_the_sequence_ratios():
+    """Two samples: s_i = exp(mean log r) with its gradient through every token, d loss / d logp_it
+    = -A_i s_i / (S |o_i|) where s_i is inside the clip range for its advantage's sign, else 0."""
+    log_r = [[0.1, -0.3, 0.05], [0.4, 0.2, 0.0]]
+    trainer = torch.tensor(log_r, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    adv = torch.tensor([1.0, 2.0])
+    s0, s1 = math.exp((0.1 - 0.3 + 0.05) / 3), math.exp((0.4 + 0.2) / 2)  # 0.951 (inside), 1.350 (above 1.28)
+    inputs = LossInputs(trainer, torch.zeros(2, 3), adv, mask, torch.zeros(2, 3))
+    loss, stats = micro_batch_loss(gspo_loss, inputs, ARGS, 5.0)
+    assert loss.item() == pytest.approx((-s0 * 1.0 - 1.28 * 2.0) / 2, rel=1e-6)  # A > 0 above the range: clipped
+    loss.backward()
+    assert trainer.grad[0].tolist() == pytest.approx([-s0 / (2 * 3)] * 3, rel=1e-5)
+    assert trainer.grad[1].tolist() == [0.0, 0.0, 0.0]
+    assert stats["sequence_ratio"].item() == pytest.approx(3 * s0 + 2 * s1, rel=1e-6)
+    assert stats["clipped/high_fraction"].item() == 2 and stats["clipped/low_fraction"].item() == 0
+
+
+def test_a_weight_that_does_not_broadcast_is_refused():
+    def wrong(inputs, args):
+        return LossOutput(dapo_loss(inputs, args).per_token, {}, torch.ones(3))
+
+    with pytest.raises(ValueError, match=r"wrong: LossOutput.weight must broadcast to \[B, T\] = \(1, 2\), got shape \(3,\)"):
+        run_loss(wrong, torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), 2.0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])

@@ -23,6 +23,15 @@ OLDER_NAMES = {"num_generations": "rollouts_per_example", "num_batches_ahead": "
 on both paths and mapped to the current key."""
 REFUSED_NAMES = {"num_iterations": "each batch gets one optimizer step (num_iterations = 1); remove the key"}
 """Older key names with no current key of that meaning: refused with this hint."""
+TRL_NAMES = {"max_completion_length": "max_tokens", "max_prompt_length": "max_prompt_len", "epsilon": "epsilon_low",
+             "scale_rewards": "advantage_type", "importance_sampling_level": "loss_type",
+             "vllm_gpu_memory_utilization": "inference.args.gpu_memory_utilization",
+             "vllm_tensor_parallel_size": "inference.args.tensor_parallel_size"}
+"""TRL ``GRPOConfig`` keys that are no key here, and the vf-rl key of that meaning (a ``[trainer.args]``
+key, or a dotted path in another table): an unknown key of these names is refused with a pointer to it.
+TRL's names that vf-rl keeps (``beta``, ``epsilon_high``, ``loss_type``, ``temperature``...) need none;
+``num_generations`` is an older name (``OLDER_NAMES``); ``per_device_train_batch_size`` (``micro_batch_size``)
+and ``gradient_accumulation_steps`` are TrainingArguments keys that ``rules.py`` points to the keys to use."""
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 """``torch_compile_mode`` values that replay CUDA graphs, micro batches padded to a few shapes:
 ``"reduce-overhead"`` records the compiled decoder layers (``trainer/speed/layer_graphs.py``),
@@ -60,10 +69,10 @@ class RLArgs:
     max_concurrent: int = field(default=1024, metadata={"help": "Most rollouts in flight at once."})
     orchestrator_process: bool = field(default=True, metadata={"help": "Generate rollouts in a separate process, so that the trainer's Python does not slow them (false: a thread in the trainer process; environments that cannot be sent to another process use the thread too)."})
     # Algorithm (algorithm/loss.py, algorithm/advantage.py)
-    loss_type: str = field(default="cispo", metadata={"help": "Policy loss: \"cispo\" (CISPO with importance-ratio masking) or \"dapo\" (PPO/GRPO clipped surrogate with DAPO's clip-higher), or \"module:function\" for your own (see examples/custom_loss.py)."})
+    loss_type: str = field(default="cispo", metadata={"help": "Policy loss: \"cispo\" (CISPO with importance-ratio masking), \"dapo\" (PPO/GRPO clipped surrogate with DAPO's clip-higher, the batch's token mean), TRL's \"grpo\" (each sample's token mean, then the mean over samples), \"dr_grpo\" (summed, over samples x max_tokens), \"bnpo\" (token mean over each trainer process's share), \"gspo\" (sequence-level ratio, GSPO), or \"module:function\" for your own (see examples/custom_loss.py); docs/algorithm.md has each formula."})
     advantage_type: str = field(default="group_mean", metadata={"help": "Advantage: \"group_mean\" (reward minus its group's mean) or \"group_mean_std\" (also divided by the group's std, GRPO), or \"module:function\"."})
-    epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\": ratios below 1 - epsilon_low are clipped."})
-    epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher)."})
+    epsilon_low: float = field(default=0.2, metadata={"help": "loss_type = \"dapo\", \"grpo\", \"dr_grpo\", \"bnpo\" or \"gspo\": ratios below 1 - epsilon_low are clipped (TRL's epsilon)."})
+    epsilon_high: float = field(default=0.28, metadata={"help": "loss_type = \"dapo\", \"grpo\", \"dr_grpo\", \"bnpo\" or \"gspo\": ratios above 1 + epsilon_high are clipped (DAPO's clip-higher; TRL's default is epsilon_high = epsilon, 0.2)."})
     # Online difficulty filtering (orchestrator/filtering.py; DAPO's dynamic sampling, arXiv:2503.14476)
     use_difficulty_filtering: bool = field(default=False, metadata={"help": "Drop groups whose rewards have (near) zero spread (no gradient) before training and refill the batch by generating more groups."})
     difficulty_threshold: float = field(default=0.0, metadata={"help": "With filtering: groups whose reward std is at or below this (plus 1e-6) are dropped."})

@@ -53,6 +53,42 @@ class DapoLoss(Option):
     epsilon_high: float
 
 
+class GrpoLoss(Option):
+    """TRL's "grpo": the clipped surrogate, each sample's token mean, then the mean over samples (arXiv:2402.03300)."""
+
+    function = "vf_rl.algorithm.loss:grpo_loss"
+    loss_type: Literal["grpo"]
+    epsilon_low: float
+    epsilon_high: float
+
+
+class DrGrpoLoss(Option):
+    """TRL's "dr_grpo": the clipped surrogate summed over tokens, over samples x max_tokens (arXiv:2503.20783)."""
+
+    function = "vf_rl.algorithm.loss:dr_grpo_loss"
+    loss_type: Literal["dr_grpo"]
+    epsilon_low: float
+    epsilon_high: float
+
+
+class BnpoLoss(Option):
+    """TRL's "bnpo": the clipped surrogate's token mean over each trainer process's share."""
+
+    function = "vf_rl.algorithm.loss:bnpo_loss"
+    loss_type: Literal["bnpo"]
+    epsilon_low: float
+    epsilon_high: float
+
+
+class GspoLoss(Option):
+    """GSPO (arXiv:2507.18071): the clipped surrogate of each sample's sequence-level ratio."""
+
+    function = "vf_rl.algorithm.loss:gspo_loss"
+    loss_type: Literal["gspo"]
+    epsilon_low: float
+    epsilon_high: float
+
+
 class CustomLoss(Option):
     """``"module:function"``: a loss of the user's; it may read every loss key."""
 
@@ -170,7 +206,7 @@ class Choice:
 
 
 CHOICES = {
-    "loss": Choice("loss_type", (CispoLoss, DapoLoss, CustomLoss)),
+    "loss": Choice("loss_type", (CispoLoss, DapoLoss, GrpoLoss, DrGrpoLoss, BnpoLoss, GspoLoss, CustomLoss)),
     "advantage": Choice("advantage_type", (GroupMeanAdvantage, GroupMeanStdAdvantage, CustomAdvantage)),
     "weight_sync": Choice("weight_sync", (AutoSync, FilesystemSync, NcclSync, IpcSync, LoraSync)),
     "filtering": Choice("use_difficulty_filtering", (NoFiltering, DifficultyFiltering)),

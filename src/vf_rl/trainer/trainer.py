@@ -27,7 +27,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.algorithm.advantage import AdvantageFn, get_advantage
-from vf_rl.algorithm.loss import LossFn, LossInputs, get_loss, micro_batch_loss
+from vf_rl.algorithm.loss import BatchTotals, LossFn, LossInputs, get_loss, micro_batch_loss
 from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.env_api import Environment
@@ -332,6 +332,7 @@ class RLTrainer(CheckpointingTrainer):
                                      a.padding_free, self.cuda_graphs, bool(a.torch_compile), a.max_seq_len)
         trained_tokens = sum(mb.tokens for mb in on_host)
         my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
+        totals = BatchTotals(loss_tokens, sum(any(s.loss_mask[1:]) for s in batch.samples), my_loss_tokens, a.world_size)
         on_device = micro_batches_to(on_host, a.device)  # one copy per dtype
         sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
         total_loss = torch.zeros((), device=a.device)
@@ -350,7 +351,7 @@ class RLTrainer(CheckpointingTrainer):
                         ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
                                                   lambda m: policy(m)[0]) if a.beta > 0 else None)
                         logprobs, entropy = policy(model)
-                        inputs = LossInputs(logprobs, mb.sampling_logprobs, mb.advantages, mb.loss_mask, entropy, ref)
+                        inputs = LossInputs(logprobs, mb.sampling_logprobs, mb.advantages, mb.loss_mask, entropy, ref, totals)
                         loss, loss_stats = micro_batch_loss(self.loss_fn, inputs, a, normalizer)  # mask, KL, / N
                     self.accelerator.backward(loss)
                 total_loss += loss.detach()
