@@ -135,6 +135,23 @@ CASES = {
     "max_model_len below max_seq_len": (edit("enforce_eager = true", "enforce_eager = true\nmax_model_len = 256"),
                                         "inference.args.max_model_len (256) is below trainer.args.max_seq_len (512)",
                                         None),
+    # a TRL user's habits (args.TRL_NAMES): TRL's name points to vf-rl's, a trainer key out of [trainer.args] to it
+    "TRL's max_completion_length": (with_arg("max_completion_length = 128"),
+                                    "unknown key 'trainer.args.max_completion_length'",
+                                    "(TRL's name: here it is trainer.args.max_tokens)"),
+    "TRL's max_prompt_length": (with_arg("max_prompt_length = 128"), "unknown key 'trainer.args.max_prompt_length'",
+                                "(TRL's name: here it is trainer.args.max_prompt_len)"),
+    "TRL's vllm_gpu_memory_utilization": (with_arg("vllm_gpu_memory_utilization = 0.5"),
+                                          "trainer.args.vllm_gpu_memory_utilization",
+                                          "(TRL's name: here it is inference.args.gpu_memory_utilization)"),
+    "TRL's per_device_train_batch_size": (with_arg("per_device_train_batch_size = 2"),
+                                          "trainer.args.per_device_train_batch_size", "use trainer.args.micro_batch_size"),
+    "TRL's name at the top level": (edit("[env]", "max_completion_length = 128\n\n[env]"),
+                                    "unknown key 'max_completion_length'", "here it is trainer.args.max_tokens"),
+    "trainer key at the top level": (edit("[env]", "max_steps = 10\n\n[env]"), "unknown key 'max_steps'",
+                                     ": max_steps belongs in [trainer.args]"),
+    "trainer key in [trainer]": (edit("[trainer]\ngpus = 1", "[trainer]\ngpus = 1\nlearning_rate = 1e-5"),
+                                 "unknown key 'trainer.learning_rate'", ": learning_rate belongs in [trainer.args]"),
 }
 
 # vf-train and vf-vllm read a config through the same code as vf-rl: one case per layer of it (TOML,
@@ -479,7 +496,8 @@ AGREE_REJECT = {
     "zero temperature": ({"temperature": 0.0}, "temperature: must be positive"),
     "mask ratio bounds": ({"mask_ratio_low": 2.0}, "mask_ratio_low/high"),
     "epsilon bounds": ({"epsilon_low": 1.5}, "epsilon_low/high"),
-    "unknown loss": ({"loss_type": "ppo"}, "loss_type: expected one of cispo, dapo or 'module:function'"),
+    "unknown loss": ({"loss_type": "ppo"},
+                     "loss_type: expected one of cispo, dapo, grpo, dr_grpo, bnpo, gspo or 'module:function'"),
     "loss function typo": ({"loss_type": "vf_rl.algorithm.loss:cispo_los"}, "loss_type: module 'vf_rl.algorithm.loss' "
                                                                           "has no function 'cispo_los'"),
     "output_dir under /proc": ({"output_dir": "/proc/vf-rl-run"}, "output_dir: cannot write to /proc"),
@@ -521,7 +539,8 @@ AGREE_REJECT = {
     "reward bound without filtering": ({"difficulty_max_reward": 0.9},
                                        "difficulty_max_reward applies only with"),
     # a key of a choice not taken would be ignored
-    "dapo's clip with cispo": ({"epsilon_high": 0.4}, "loss_type = 'dapo' (this run has 'cispo')"),
+    "dapo's clip with cispo": ({"epsilon_high": 0.4},
+                               "loss_type = 'dapo' or 'grpo' or 'dr_grpo' or 'bnpo' or 'gspo' (this run has 'cispo')"),
     "cispo's mask with dapo": ({"loss_type": "dapo", "mask_ratio_high": 4.0}, "mask_ratio_high applies only with"),
     "token budget without padding_free": ({"padding_free": False, "micro_batch_tokens": 4096},
                                           "padding_free = true (this run has false)"),
@@ -566,6 +585,7 @@ AGREE_ACCEPT = {
     "compile mode without CUDA graphs": {"torch_compile_mode": "max-autotune-no-cudagraphs"},
     "CUDA graphs of the decoder layers": {"torch_compile_mode": "reduce-overhead"},
     "older names mapped": {"num_batches_ahead": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1},
+    "TRL's loss types": {"loss_type": "gspo", "epsilon_low": 3e-4, "epsilon_high": 4e-4},
 }
 
 
@@ -660,6 +680,20 @@ def test_older_key_names_map_to_the_current_ones(tmp_path):
     args = RLConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to="none", **old)
     assert (resolved["rollouts_per_example"], resolved["max_off_policy_steps"]) == (4, 2)
     assert (args.rollouts_per_example, args.max_off_policy_steps) == (4, 2)
+
+
+def test_trl_names_point_to_keys_of_vf_rl():
+    """Each TRL name of ``args.TRL_NAMES`` is no key here, and names a [trainer.args] key or an
+    option of the installed ``vllm serve``."""
+    from vf_rl.config import vllm_flags
+    from vf_rl.config.args import TRL_NAMES
+    from vf_rl.config.training_arguments import training_arguments_types
+
+    options = vllm_flags.serve_options()
+    for trl, ours in TRL_NAMES.items():
+        assert trl not in rl_fields() and trl not in training_arguments_types(), trl
+        table, _, key = ours.rpartition(".")
+        assert (key in rl_fields()) if not table else (table == "inference.args" and "--" + key.replace("_", "-") in options)
 
 
 def test_env_id_may_name_a_submodule_and_a_factory(tmp_path):

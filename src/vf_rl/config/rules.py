@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
-from vf_rl.config.args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, RLArgs, rl_fields
+from vf_rl.config.args import CUDA_GRAPH_MODES, SAMPLING_DEFAULTS, TRL_NAMES, RLArgs, rl_fields
 from vf_rl.config.choices import builtin_functions, run_choices
 from vf_rl.config.errors import ConfigError, suggest
 from vf_rl.config.training_arguments import training_arguments_types
@@ -54,8 +54,8 @@ def check_types(args: dict[str, Any], prefix: str = "") -> None:
         if tp is None:
             others = training_arguments_types()
             if key not in others:
-                valid = [*rl_fields(), *others]
-                raise ConfigError(f"unknown key '{prefix}{key}'{suggest(key, valid)}")
+                hint = trl_name_hint(key, prefix) or suggest(key, [*rl_fields(), *others])
+                raise ConfigError(f"unknown key '{prefix}{key}'{hint}")
             tp = others[key]
         try:
             adapter = TypeAdapter(tp, config=ConfigDict(strict=True))
@@ -65,6 +65,26 @@ def check_types(args: dict[str, Any], prefix: str = "") -> None:
             adapter.validate_python(value)
         except ValidationError:
             raise ConfigError(f"{prefix}{key}: expected {_type_text(tp)}, got {value!r}") from None
+
+
+def trl_name_hint(key: str, prefix: str = "") -> str:
+    """`` (TRL's name: here it is <key>)`` for a TRL ``GRPOConfig`` key that vf-rl names otherwise
+    (``args.TRL_NAMES``; ``prefix`` put before a ``[trainer.args]`` key), else ``""``."""
+    if key not in TRL_NAMES:
+        return ""
+    target = TRL_NAMES[key]
+    return f" (TRL's name: here it is {target if '.' in target else prefix + target})"
+
+
+def misplaced_key_hint(key: str) -> str:
+    """For an unknown key at the top level or in ``[trainer]``: a pointer to ``[trainer.args]`` when
+    it is a trainer key there (vf-rl's, an older name, TrainingArguments') or TRL's name of one,
+    else ``""``."""
+    if key in TRL_NAMES:
+        return trl_name_hint(key, "trainer.args.")
+    if key in _field_types() or key in training_arguments_types():
+        return f": {key} belongs in [trainer.args]"
+    return ""
 
 
 def resolve_function(key: str, name: str, builtins: dict[str, Any]) -> Any:

@@ -32,7 +32,7 @@ from pydantic import (
 
 from vf_rl.config.defaults import origin, rename_older_names, resolve_trainer_args
 from vf_rl.config.layout import layout_devices, trainer_values
-from vf_rl.config.rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, suggest
+from vf_rl.config.rules import ConfigError, check_trainer_args, check_types, choose_weight_sync, misplaced_key_hint, suggest
 from vf_rl.config.tools import tool_flags
 from vf_rl.config.vllm_flags import api_servers
 
@@ -314,7 +314,9 @@ def load_config(path: str | Path) -> "VfRlConfig":
         if err["type"] == "missing":
             raise ConfigError(f"{path}: required key '{key}' is missing") from None
         if err["type"] == "extra_forbidden":
-            raise ConfigError(f"{path}: unknown key '{key}'{suggest(str(err['loc'][-1]), _section_keys(err['loc']))}") from None
+            leaf = str(err["loc"][-1])  # a trainer key at the top level or in [trainer] is pointed to [trainer.args]
+            hint = misplaced_key_hint(leaf) if tuple(err["loc"][:-1]) in ((), ("trainer",)) else ""
+            raise ConfigError(f"{path}: unknown key '{key}'{hint or suggest(leaf, _section_keys(err['loc']))}") from None
         raise ConfigError(f"{path}: {key}: {err['msg']} (got {err.get('input')!r})") from None
     model_path = Path(config.model)
     looks_local = config.model.startswith((".", "/", "~")) or config.model.count("/") != 1
