@@ -46,6 +46,28 @@ def is_complete(directory: Path) -> bool:
     return all((directory / name).is_file() for name in ("config.json", "model.safetensors", "tokenizer.json"))
 
 
+GGUF_SPECIAL_TOKENS = {"bos_token": "tokenizer.ggml.bos_token_id", "eos_token": "tokenizer.ggml.eos_token_id",
+                       "pad_token": "tokenizer.ggml.padding_token_id", "unk_token": "tokenizer.ggml.unknown_token_id"}
+"""The tokenizer's special tokens and the GGUF metadata keys that hold their ids."""
+
+
+def special_tokens(gguf: Path, tokenizer) -> dict[str, str]:
+    """The special tokens the GGUF file declares (its ``tokenizer.ggml.*_token_id`` metadata), by
+    the tokenizer attribute they set (``eos_token``...), as token strings of ``tokenizer``'s
+    vocabulary. SmolLM2-Instruct's: bos ``<|im_start|>``, eos and pad ``<|im_end|>``, unk
+    ``<|endoftext|>``. transformers' GGUF conversion infers them differently across versions
+    (5.17 takes ``<|im_start|>`` for eos and sets no pad token), so they are set from the file."""
+    import gguf as gguf_lib
+
+    fields = gguf_lib.GGUFReader(str(gguf)).fields
+    found = {}
+    for name, key in GGUF_SPECIAL_TOKENS.items():
+        if key in fields:
+            field = fields[key]
+            found[name] = tokenizer.convert_ids_to_tokens(int(field.parts[field.data[0]][0]))
+    return found
+
+
 def prepare(out: Path) -> Path:
     """Write the model directory ``out`` (if not complete already) and return it."""
     if is_complete(out):
@@ -72,6 +94,13 @@ def prepare(out: Path) -> Path:
         if [m for m in missing if m != "lm_head.weight"] or unexpected:
             raise RuntimeError(f"GGUF weights do not fit the model: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
+        tokens = special_tokens(gguf, tokenizer)  # the GGUF's own: transformers versions differ in what they infer
+        for name, token in tokens.items():
+            setattr(tokenizer, name, token)
+            if name != "unk_token":  # the configs hold bos, eos and pad ids
+                token_id = tokenizer.convert_tokens_to_ids(token)
+                setattr(model.config, f"{name}_id", token_id)
+                setattr(model.generation_config, f"{name}_id", token_id)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         if out.exists():
