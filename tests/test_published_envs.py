@@ -18,6 +18,8 @@ import sys
 import pytest
 from conftest import free_port, run_vf_eval, write_cpu_config
 
+pytestmark = pytest.mark.classic  # both packages are written for verifiers' classic API
+
 PUBLISHED = [
     pytest.param("alkahest.rl.envs.integration", {"n_train": 64, "n_eval": 16},
                  {"reward/reward_fn"}, (-1.0, 1.0), id="alkahest-single-turn"),

@@ -68,10 +68,12 @@ def test_tool_calling_follows_the_chat_template(model_dir, tmp_path):
 
 @pytest.mark.parametrize("env_id,env_args,pythonpath", [
     ("math-python", {"source": "offline"}, None),  # vf-rl's ToolEnv
-    ("vfx-calculator", {}, "verifiers_envs"),  # a classic verifiers vf.ToolEnv
+    pytest.param("vfx-calculator", {}, "verifiers_envs", marks=pytest.mark.classic),  # a classic verifiers vf.ToolEnv
 ])
 def test_a_tool_environment_without_tool_calling_is_refused(model_dir, tmp_path, env_id, env_args, pythonpath):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "tests" / pythonpath)} if pythonpath else None
+    env = ({**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / pythonpath),
+                                                                      os.environ.get("PYTHONPATH")]))}
+           if pythonpath else None)
     config = write_cpu_config(tmp_path / "tools.toml", model_dir, tmp_path / "run", 8123, env_id=env_id,
                               env_args=env_args)
     result = dry_run(config, env=env)

@@ -4,8 +4,10 @@ own `Env.serving`/`run_slot` with verifiers' train client; rows, token ids and s
 rewards per reward function, errors, and the built-in twin agreeing on rewards.
 
 The environment modules in tests/verifiers_envs/ use only `verifiers` (`import verifiers as vf`,
-`import verifiers.v1 as vf`), `datasets` and `openai`. The package is required, not skipped:
-scripts/setup.sh installs it (scripts/install_verifiers.sh).
+`import verifiers.v1 as vf`), `datasets` and `openai`. The package is required, not skipped: the
+set-up installs verifiers 0.4 (the v1 API), and the tests marked ``classic`` run in a second pass
+with 0.3.1 from the overlay `vf-rl install-verifiers-classic --target .venv/verifiers-classic`
+makes (scripts/test.sh).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def vf_envs_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ENVS), os.environ.get("PYTHONPATH", "")]))
 
 
+@pytest.mark.classic
 def test_verifiers_modules_load_by_id(vf_envs_on_path):
     env = load_environment("someone/vfx-reverse-text")
     assert isinstance(env, VerifiersEnvironment) and env.api == "classic"
@@ -166,16 +169,18 @@ def test_env_id_precedence_and_error(tmp_path, monkeypatch):
 
 
 def test_console_script_shadowing_is_reported(tmp_path):
+    """verifiers 0.2-0.4's own ``vf-eval`` is not a name of ours; 0.1.x's ``vf-rl`` is."""
     (tmp_path / "vf-rl").write_text("from vf_rl.launcher.main import main\n")
+    (tmp_path / "vf-eval").write_text("from verifiers.v1.cli.eval import main\n")
     assert check_console_scripts(tmp_path) is None
-    (tmp_path / "vf-eval").write_text("from verifiers.legacy.scripts.eval import main\n")
+    (tmp_path / "vf-train").write_text("from verifiers.rl.scripts.train import main\n")
     message = check_console_scripts(tmp_path)
-    assert message.startswith("vf-eval in") and "force-reinstall" in message
-    ours = Path(sys.executable).parent / "vf-eval"
-    if ours.is_file():  # scripts/setup.sh restores vf-rl's scripts after installing verifiers
-        assert "vf_rl" in ours.read_text()
+    assert message.startswith("vf-train in") and "force-reinstall" in message
+    bin_dir = Path(sys.executable).parent  # the test venv holds verifiers 0.4 beside vf-rl: nothing shadowed
+    assert check_console_scripts(bin_dir) is None, check_console_scripts(bin_dir)
 
 
+@pytest.mark.classic
 def test_builtin_reverse_text_twin_gives_the_same_reward(vf_envs_on_path):
     """The same completions get the same reward from the verifiers-written reverse-text (its
     real XMLParser and reward function) and from vf-rl's built-in reverse-text."""
@@ -204,6 +209,7 @@ def test_builtin_reverse_text_twin_gives_the_same_reward(vf_envs_on_path):
         assert asyncio.run(ours.score(prompt=[], completion=completion, answer=answer))[0] > 0.0
 
 
+@pytest.mark.classic
 @pytest.mark.server
 def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
     from openai import AsyncOpenAI
@@ -288,7 +294,7 @@ def test_verifiers_rollouts_against_real_server(server, vf_envs_on_path):
 
 @pytest.mark.server
 @pytest.mark.parametrize("env_id,env_args,metrics", [
-    ("vfx-guess-number", {"max_turns": 2}, ["reward/solved", "reward/in_range"]),
+    pytest.param("vfx-guess-number", {"max_turns": 2}, ["reward/solved", "reward/in_range"], marks=pytest.mark.classic),
     ("vfx-reverse-text-v1", {"agent": {"max_turns": 2}}, ["reward/lcs_reward", "reward/tagged"]),
 ], ids=["classic", "v1"])
 def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path, env_id, env_args, metrics):
@@ -301,6 +307,7 @@ def test_vf_eval_on_a_verifiers_env(server, tmp_path, vf_envs_on_path, env_id, e
 
 
 @pytest.mark.server
+@pytest.mark.classic
 @pytest.mark.parametrize("env_id,env_args,metrics", [
     ("you/vfx-guess-number", {"num_examples": 8, "max_turns": 2}, {"reward/solved", "reward/in_range"}),
     ("vfx_calculator", {"max_turns": 2}, {"reward/correct", "reward/total_tool_calls", "reward/add_calls"}),
@@ -326,7 +333,7 @@ def test_verifiers_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_
 @pytest.mark.server
 @pytest.mark.slow  # CI: a published classic package (alkahest) trains through vf-rl in test_published_envs.py
 @pytest.mark.parametrize("env_id,env_args,reward", [
-    ("you/vfx-reverse-text", {"few_shot": 2}, "reward/lcs_reward_func"),
+    pytest.param("you/vfx-reverse-text", {"few_shot": 2}, "reward/lcs_reward_func", marks=pytest.mark.classic),
     ("you/vfx-reverse-text-v1", {"taskset": {"few_shot": 2}}, "reward/lcs_reward"),
 ], ids=["classic", "v1"])
 def test_verifiers_env_through_vf_rl(model_dir, tmp_path, vf_envs_on_path, env_id, env_args, reward):
@@ -391,23 +398,17 @@ def test_v1_rollouts_against_real_server(server, vf_envs_on_path):
     assert all(r.error_kind == "model" and "temperature" in r.error for r in refused), [r.error for r in refused]
 
 
-OVERLAY = os.environ.get("VF_RL_VERIFIERS_OVERLAY")  # VF_RL_VERIFIERS_VERSION=0.4.0 scripts/install_verifiers.sh
-
-
 @pytest.mark.server
-@pytest.mark.parametrize("overlay", [None, pytest.param(OVERLAY, marks=pytest.mark.skipif(
-    not OVERLAY, reason="set VF_RL_VERIFIERS_OVERLAY to an overlay of verifiers 0.4.x"))], ids=["installed", "overlay"])
-def test_v1_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights, overlay):
+def test_v1_env_trains_two_steps(server, model_dir, tmp_path, vf_envs_on_path, restore_base_weights):
     """`vf-train @ cfg` on the unchanged v1 module: its own reward and metric are logged, and
-    vLLM's sampling log-probs reach the loss (importance ratio near 1). With an overlay
-    (scripts/install_verifiers.sh for 0.4.x) the trainer runs that verifiers, the server the venv's."""
+    vLLM's sampling log-probs reach the loss (importance ratio near 1)."""
     from test_algorithm import run_vf_train
 
     out = tmp_path / "run"
     config = write_cpu_config(tmp_path / "v1.toml", model_dir, out, server.port, env_id="someone/vfx-reverse-text-v1",
                               env_args={"taskset": {"few_shot": 2}}, run_name="vfx-v1", micro_batch_size=8,
                               rollouts_per_example=4, batch_size=8, max_steps=2, max_tokens=16, save_steps=50)
-    steps = run_vf_train(config, out, pythonpath=overlay)
+    steps = run_vf_train(config, out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert {"reward/lcs_reward", "reward/tagged"} <= set(r), sorted(r)

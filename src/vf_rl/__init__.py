@@ -6,7 +6,11 @@
 so that the launcher (``vf-rl``) starts instantly.
 """
 
-from vf_rl.env_api import (
+from vf_rl.config.packages import hide_mismatched_companions
+
+hide_mismatched_companions()  # before anything imports transformers: a CUDA torchvision beside CPU torch breaks it
+
+from vf_rl.env_api import (  # noqa: E402  (after the guard above)
     BoxedParser,
     Environment,
     MathRubric,

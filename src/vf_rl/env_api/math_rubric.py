@@ -8,6 +8,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from vf_rl.config.packages import require
 from vf_rl.env_api.parsers import Parser, extract_boxed_answer, last_assistant_text
 from vf_rl.env_api.rubric import Rubric
 from vf_rl.parent_watch import start_parent_watch
@@ -85,6 +86,7 @@ class MathRubric(Rubric):
     """
 
     def __init__(self, funcs=None, weights=None, parser: Parser | None = None):
+        require("math_verify", "math-verify", "envs", "MathRubric (the gsm8k and math-python environments)")
         super().__init__(funcs=funcs, weights=weights, parser=parser or BoxedParser())
         self.add_reward_func(self.correct_answer_reward_func)
 

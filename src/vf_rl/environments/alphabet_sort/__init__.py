@@ -33,6 +33,7 @@ from difflib import SequenceMatcher
 
 from datasets import Dataset, load_dataset
 
+from vf_rl.config.packages import require
 from vf_rl.env_api import MultiTurnEnv, Rubric
 from vf_rl.env_api.hub import check_source, hub_or_offline
 
@@ -241,6 +242,7 @@ def load_environment(max_turns: int = 3, min_turns: int = 1, min_names_per_turn:
             than 0 or 1, or no usable rows.
         Exception: whatever ``datasets.load_dataset`` raises, with ``source="hub"``.
     """
+    require("faker", "faker", "envs", "the alphabet-sort environment")
     if not 1 <= min_turns <= max_turns:
         raise ValueError(f"alphabet-sort: need 1 <= min_turns <= max_turns, got min_turns={min_turns}, "
                          f"max_turns={max_turns}")

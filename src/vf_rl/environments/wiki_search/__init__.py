@@ -34,6 +34,7 @@ from pathlib import Path
 
 from datasets import Dataset, load_dataset
 
+from vf_rl.config.packages import require
 from vf_rl.env_api import Rubric, ToolEnv, XMLParser, num_tool_calls
 from vf_rl.env_api.hub import hub_or_offline
 
@@ -273,6 +274,7 @@ def load_environment(source: str = "offline", corpus_dataset: str = HUB_CORPUS,
     Raises:
         ValueError: bad ``source``, ``max_turns``, ``top_k``, ``max_extra_words`` or counts.
     """
+    require("bm25s", "bm25s", "envs", "the wiki-search environment")
     if max_turns < 1 or top_k < 1 or max_extra_words < 0:
         raise ValueError(f"wiki-search: need max_turns >= 1, top_k >= 1 and max_extra_words >= 0, "
                          f"got {max_turns}, {top_k}, {max_extra_words}")

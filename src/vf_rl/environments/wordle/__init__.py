@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
+from vf_rl.config.packages import require
 from vf_rl.env_api import MultiTurnEnv, Rubric, XMLParser
 from vf_rl.env_api.parsers import last_assistant_text
 
@@ -191,6 +192,8 @@ def load_environment(num_train_examples: int = 2000, num_eval_examples: int = 20
             ``num_eval_examples`` is negative or leaves no training word, or ``few_shot`` is
             an int other than 0 or 1.
     """
+    require("faker", "faker", "envs", "the wordle environment")
+    require("english_words", "english-words", "envs", "the wordle environment")
     words = default_answers() if answers is None else sorted({w.strip().lower() for w in answers})
     bad = [w for w in words if len(w) != WORD_LENGTH or not w.isalpha()]
     if bad:
