@@ -112,15 +112,37 @@ def test_a_session_name_tmux_cannot_take_is_a_one_line_error(tmp_path):
                                                       "without '.' or ':'"]
     assert subprocess.run(["tmux", "has-session", "-t", "zero3-llama-3"], capture_output=True).returncode != 0
 
-def test_too_many_gpus_is_an_error_when_launching_but_a_warning_in_dry_run(tmp_path):
+def test_too_many_gpus_is_an_error_in_a_dry_run_as_when_launching(tmp_path):
+    """Where the GPUs are known (here: none visible), the dry run refuses what the launch refuses, in one
+    line with exit status 2; where nothing can tell (no nvidia-smi, no CUDA_VISIBLE_DEVICES) it says it
+    could not check."""
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     dry = run_cli("@", str(path), "--dry-run", env=env)
-    assert dry.returncode == 0 and "= 2 GPUs, but 0 are visible" in dry.stderr
+    assert dry.returncode == 2 and dry.stderr.strip().splitlines() == [
+        f"vf-rl: error: {path}: inference.gpus + trainer.gpus = 2 GPUs, but 0 are visible (CUDA_VISIBLE_DEVICES / "
+        "nvidia-smi); use gpus = 0 to run a side on the CPU"], dry.stderr
     real = run_cli("@", str(path), "-s", "vf-rl-test-never-started", env=env)
     assert real.returncode == 2 and "= 2 GPUs, but 0 are visible" in real.stderr
     assert subprocess.run(["tmux", "has-session", "-t", "vf-rl-test-never-started"],
                           capture_output=True).returncode != 0
+    unknown = run_cli("@", str(path), "--dry-run", env={"PATH": "/usr/bin:/bin"})  # no nvidia-smi on this PATH
+    assert unknown.returncode == 0 and "could not check them (a launch does)" in unknown.stderr, unknown.stderr
+
+
+def test_a_dry_run_refuses_a_port_another_server_holds(tmp_path):
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        path = write(tmp_path, MINIMAL.format(inf=0, train=0, extra="").replace("vllm_server_port = 8123",
+                                                                                 f"vllm_server_port = {port}"))
+        dry = run_cli("@", str(path), "--dry-run")
+    assert dry.returncode == 2, dry.stdout[-2000:] + dry.stderr
+    errors = dry.stderr.strip().splitlines()
+    assert len(errors) == 1 and str(port) in errors[0] and "vf-rl: error:" in errors[0], dry.stderr
 
 
 def test_main_returns_exit_code_in_process(tmp_path, capsys):

@@ -119,6 +119,22 @@ def test_unreachable_server_exits_1_in_one_line(model_dir, tmp_path):
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
 
 
+def test_bad_input_exits_2_in_one_line(model_dir, tmp_path):
+    """A config the launch refuses (two GPUs asked for, none visible) is bad input here too: exit
+    status 2 and vf-rl's one line, not a pre-flight failure."""
+    import os
+
+    config = write_cpu_config(tmp_path / "rt.toml", model_dir, tmp_path / "run", 8000, rollouts_per_example=4,
+                              batch_size=16, micro_batch_size=16, max_tokens=8)
+    config.write_text(config.read_text().replace("[inference]\ngpus = 0", "[inference]\ngpus = 2"))
+    result = subprocess.run([sys.executable, "-m", "vf_rl.launcher.main", "@", str(config), "--preflight"],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.strip().splitlines() == [f"vf-rl: error: {config}: inference.gpus + trainer.gpus = 2 GPUs, "
+                                                  "but 0 are visible (CUDA_VISIBLE_DEVICES / nvidia-smi); use gpus = 0 "
+                                                  "to run a side on the CPU"], result.stderr
+
+
 def rollout(reward: float, completion: int, truncated: bool = False, error: str | None = None) -> Rollout:
     return Rollout(example_id=0, prompt=[], reward=reward, is_truncated=truncated, error=error,
                    error_kind="model" if error else None,

@@ -134,18 +134,25 @@ def gpus_needed(config: VfRlConfig) -> int:
 
 
 def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config_path: Path | None = None) -> list[str]:
-    """The GPU ids to hand out; an error (a warning on a dry run) if too few are visible."""
+    """The GPU ids to hand out.
+
+    Raises:
+        ConfigError: fewer GPUs are visible than the config asks for; on a dry run only where the
+            GPUs are known (``gpus`` not ``None``): without ``nvidia-smi`` a dry run warns that it
+            could not check, and numbers the GPUs it would hand out from 0.
+    """
     needed = gpus_needed(config)
-    if gpus is None:
-        gpus = []
+    known = gpus is not None
+    gpus = gpus or []
     if needed > len(gpus):
         what = "max(inference.gpus, trainer.gpus) (shared)" if config.inference.shared else "inference.gpus + trainer.gpus"
         message = (f"{config_path or 'config'}: {what} = {needed} GPUs, but {len(gpus)} are "
                    f"visible (CUDA_VISIBLE_DEVICES / nvidia-smi); use gpus = 0 to run a side on the CPU")
-        if not dry_run:
+        if known or not dry_run:
             raise ConfigError(message)
-        print(f"warning: {message}", file=sys.stderr)
-        gpus = gpus + [str(i) for i in range(len(gpus), needed)]
+        print(f"warning: {config_path or 'config'}: {needed} GPUs asked for; no nvidia-smi here, so the dry run could "
+              "not check them (a launch does)", file=sys.stderr)
+        gpus = [str(i) for i in range(needed)]
     return gpus
 
 
@@ -320,11 +327,18 @@ def run_node(config: VfRlConfig, config_path: Path, node_rank: int, resume: bool
 
 
 def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
-    """``--dry-run``: the pane commands and the resolved config ``vf-rl`` would write; starts
-    and writes nothing."""
+    """``--dry-run``: every check a launch makes before it starts anything (the config, the GPUs
+    where ``nvidia-smi`` can tell, the server's port), then the pane commands and the resolved
+    config ``vf-rl`` would write; starts and writes nothing.
+
+    Raises:
+        ConfigError: too few GPUs, or the server's port is taken.
+    """
     resolved_path = config.output_dir / "resolved.toml"
     inference, trainer = build_commands(config, resolved_path, check_gpus(config, visible_gpus(), dry_run=True,
                                                                           config_path=config_path))
+    host, port = config.server_address()  # as a launch checks it: a server already on the port
+    check_port_free("0.0.0.0" if host not in LOOPBACK else "127.0.0.1", port)
     print(f"tmux session: {session_name}")
     for cmd in (inference, trainer):
         print(f"[{cmd.title}] {_env_text(cmd.env)} {shlex.join(cmd.argv)}")

@@ -104,6 +104,11 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
     """Run the pre-flight of ``config`` and print its report; the exit status (see the module)."""
     if prompts is not None and prompts < 1:
         raise ConfigError(f"--preflight-prompts must be at least 1, got {prompts}")
+    if base_url is None:  # the launch's own GPU check, before the environment and the model load
+        from vf_rl.config.gpus import visible_gpus
+        from vf_rl.launcher.launch import check_gpus
+
+        check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
     from vf_rl.config.rl_config import RLConfig, resolve_temperature
     from vf_rl.env_api.registry import load_environments
     from vf_rl.orchestrator.preflight import format_report, run
@@ -130,6 +135,8 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
         except PreflightError as exc:
             print(f"vf-rl: pre-flight: error: {exc}", file=sys.stderr)
             return EXIT_CHECK_FAILED
+        except ConfigError:  # bad input (too few GPUs, the port taken): vf-rl's one line and exit status 2
+            raise
         except Exception as exc:  # the environment or the server failed: the cause in one line
             print(f"vf-rl: pre-flight: error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
                   file=sys.stderr)
