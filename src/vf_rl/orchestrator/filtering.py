@@ -26,15 +26,17 @@ import sys
 from dataclasses import dataclass
 from typing import Awaitable, Callable
 
+from vf_rl.config.sections import FilteringConfig
 from vf_rl.env_api import Rollout
 
 STD_EPS = 1e-6
 """Reward spread below this counts as none (float noise of rewards that are equal)."""
 
 
-@dataclass
-class DifficultyFilter:
-    """Which groups a batch keeps, and how many more rows to generate when it is short.
+@dataclass(frozen=True)
+class DifficultyFilter(FilteringConfig):
+    """Which groups a batch keeps, and how many more rows to generate when it is short: the run
+    config's filtering section (``FilteringConfig``: its keys) with the rules that use them.
 
     Attributes:
         threshold: groups with reward std ``<= threshold + STD_EPS`` are dropped.
@@ -44,13 +46,6 @@ class DifficultyFilter:
         max_rounds: generation rounds per batch (>= 1).
         seed: seeds the draw of extra rows (with the step and round).
     """
-
-    threshold: float = 0.0
-    min_reward: float | None = None
-    max_reward: float | None = None
-    oversampling_factor: float = 1.0
-    max_rounds: int = 4
-    seed: int = 0
 
     def keep(self, rewards: list[float]) -> bool:
         """Whether a group with these rewards (one per rollout) is trained on."""
