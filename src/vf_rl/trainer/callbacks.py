@@ -1,5 +1,5 @@
 """What a run leaves behind every step besides the weights: ``metrics.jsonl``, the console
-line, the plot at the end, and the final checkpoint (``Trainer`` callbacks)."""
+line, the plot and the run's summary at the end, and the final checkpoint (``Trainer`` callbacks)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,97 @@ class RunCallback(Float32Rotary):
                 print(f"Plot: {plot_run(Path(args.output_dir))}", flush=True)
             except Exception as exc:  # a plot must never fail a finished run
                 print(f"(no plot: {exc})", flush=True)
+
+
+SUMMARY_NAME = "summary.txt"
+SUMMARY_STEPS = 5  # the first and the last this many steps are averaged
+
+
+def _segments_s(steps: list[dict]) -> float:
+    """Seconds of training in ``steps`` (records with ``timing/elapsed_s``, which counts from the
+    server's readiness and starts again at a resume): the sum of each run segment's last value."""
+    total, last = 0.0, 0.0
+    for r in steps:
+        elapsed = r.get("timing/elapsed_s")
+        if elapsed is None:
+            continue
+        if elapsed < last:  # a resumed run's first step: a new segment
+            total += last
+        last = elapsed
+    return total + last
+
+
+def run_summary(run_dir: Path, max_steps: int | None = None) -> str:
+    """What a finished run reached, from ``run_dir/metrics.jsonl`` (what the run logged, and what
+    ``vf-rl plot`` draws; of a file that several fresh runs appended to, the last run's records), as
+    lines of text:
+
+    - steps done (of ``max_steps``), seconds of training (``timing/elapsed_s`` of the last step,
+      summed over the segments of a resumed run) and per step;
+    - ``reward``: first (mean over the first :data:`SUMMARY_STEPS` steps), last (mean over the last
+      ones), best (the highest step's, and which step);
+    - ``eval/reward`` before (the first evaluation) and after (the last), when the run evaluated;
+    - the last checkpoint and the ``vf-rl export`` command that turns it into a model directory.
+
+    Raises:
+        FileNotFoundError: no metrics file.
+    """
+    import statistics
+
+    from vf_rl.trainer.export import last_checkpoint
+    from vf_rl.trainer.plot import load_metrics
+
+    records = load_metrics(run_dir)
+    # the last run's records: a fresh run in the same output_dir appends from step 0 or 1 again
+    # (a resume first cuts the file back to its checkpoint, so its steps keep rising)
+    starts = [i for i in range(1, len(records)) if records[i].get("step", 0) < records[i - 1].get("step", 0)]
+    records = records[starts[-1]:] if starts else records
+    steps = [r for r in records if "reward" in r]
+    evals = [r for r in records if "eval/reward" in r]
+    lines = [f"Run summary ({run_dir / 'metrics.jsonl'}):"]
+    if not steps:
+        lines.append("  no training step was logged")
+    else:
+        seconds = _segments_s(steps)
+        of = f" of {max_steps}" if max_steps else ""
+        lines.append(f"  steps:           {steps[-1]['step']}{of}, {seconds:.0f} s of training "
+                     f"({seconds / len(steps):.1f} s per step)")
+        n = min(SUMMARY_STEPS, len(steps))
+        first = statistics.fmean(r["reward"] for r in steps[:n])
+        last = statistics.fmean(r["reward"] for r in steps[-n:])
+        best = max(steps, key=lambda r: r["reward"])
+        lines.append(f"  reward:          first {first:.3f} (mean of steps {steps[0]['step']}-{steps[n - 1]['step']}), "
+                     f"last {last:.3f} (mean of steps {steps[-n]['step']}-{steps[-1]['step']}), "
+                     f"best {best['reward']:.3f} (step {best['step']})")
+    if evals:
+        before, after = evals[0], evals[-1]
+        change = (f"{before['eval/reward']:.3f} at step {before['step']} -> {after['eval/reward']:.3f} at step {after['step']}"
+                  if after is not before else f"{before['eval/reward']:.3f} at step {before['step']}")
+        lines.append(f"  held-out reward: {change} (eval/reward)")
+    checkpoint = last_checkpoint(run_dir)
+    if checkpoint is None:
+        lines.append("  last checkpoint: none")
+    else:
+        lines.append(f"  last checkpoint: {checkpoint}")
+        lines.append(f"  use it:          vf-rl export {run_dir} {run_dir / 'model'}   (vf-rl export --help)")
+    return "\n".join(lines)
+
+
+class RunSummary(TrainerCallback):
+    """At the end of training, the main process prints :func:`run_summary` and writes it to
+    ``<output_dir>/summary.txt``. After the final checkpoint is saved and the plot drawn."""
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero:
+            return
+        out = Path(args.output_dir)
+        try:
+            text = run_summary(out, state.max_steps)
+            (out / SUMMARY_NAME).write_text(text + "\n")
+        except Exception as exc:  # a summary must never fail a finished run
+            print(f"(no run summary: {exc})", flush=True)
+            return
+        print(text, flush=True)
 
 
 class TimeBudget(TrainerCallback):

@@ -40,7 +40,7 @@ from vf_rl.orchestrator.process import begin_orchestrator, orchestrator_options,
 from vf_rl.orchestrator.samples import prompt_rows
 from vf_rl.trainer import display
 from vf_rl.trainer.batching import StepsDataset
-from vf_rl.trainer.callbacks import QuietProgress, RunCallback, TimeBudget, append_jsonl, evaluating
+from vf_rl.trainer.callbacks import QuietProgress, RunCallback, RunSummary, TimeBudget, append_jsonl, evaluating
 from vf_rl.trainer.checkpoints import CheckpointingTrainer
 from vf_rl.trainer.model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
 from vf_rl.trainer.reference import frozen_copy, reference_logprobs
@@ -119,6 +119,7 @@ class RLTrainer(CheckpointingTrainer):
         self.remove_callback(ProgressCallback)
         self.add_callback(QuietProgress)
         self.add_callback(RunCallback)
+        self.add_callback(RunSummary)  # after RunCallback: the summary is the run's last output
         if args.max_time_s is not None:
             self.add_callback(TimeBudget(args.max_time_s))
         self.servers = [InferenceClient(url=url, timeout=args.vllm_server_timeout) for url in args.server_urls()]

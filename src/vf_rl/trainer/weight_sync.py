@@ -5,6 +5,7 @@ Transports (``weight_sync`` in ``[trainer.args]``):
 ``filesystem``
     LoRA merged in, one safetensors file written to ``<output_dir>/weights``, the server
     reloads it (``POST /update_weights``). Works everywhere (CPU, one shared GPU, several).
+    The file is deleted when the transport closes (at the end of the run).
 ``nccl``
     The trainer (rank 0) and every vLLM worker form a broadcast group (``communicator.py``);
     each update broadcasts the merged weights GPU to GPU in a few flat buckets of at most
@@ -35,6 +36,7 @@ this for ``nccl`` and ``ipc`` (``overlaps``), whose snapshot is a cheap copy on 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -156,6 +158,15 @@ class FilesystemSync(_Transport):
                 client.update_weights(path)
 
         return _each(self.clients, send)
+
+    def close(self) -> None:
+        """Wait for a push in flight, then delete the file (the servers hold its weights; a resumed
+        run or a reopened transport writes it again at its first push), and the directory when
+        nothing else is in it. A run's weights stay in its checkpoints."""
+        super().close()
+        (self.directory / "model.safetensors").unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # not empty (another transport's files) or already gone
+            self.directory.rmdir()
 
 
 class BroadcastSync(_Transport):
