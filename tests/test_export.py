@@ -179,6 +179,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     refused(run, out, "no checkpoint-<step> directory")
     (run / "checkpoint-3").mkdir()
     (run / "checkpoint-3" / "adapter_config.json").write_text("{}")
+    refused(run, out, "checkpoint-3: no weights file (adapter_model.safetensors, adapter_model.bin)")
+    (run / "checkpoint-3" / "adapter_model.safetensors").write_bytes(b"")
     refused(run, out, "resolved.toml: config file not found")
     (run / "resolved.toml").write_text("[trainer]\ngpus = 0\n")
     refused(run, out, "resolved.toml: no 'model' key")

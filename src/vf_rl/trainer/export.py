@@ -64,6 +64,25 @@ def find_checkpoint(source: Path) -> Path:
     return checkpoint
 
 
+WEIGHT_FILES = {"lora": ("adapter_model.safetensors", "adapter_model.bin"),
+                "full": ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                         "pytorch_model.bin.index.json")}
+
+
+def checkpoint_kind(checkpoint: Path) -> str:
+    """``"lora"`` (an adapter) or ``"full"`` (a model's weights).
+
+    Raises:
+        ExportError: the checkpoint holds no weights file (a DeepSpeed ZeRO-3 checkpoint saved without
+            ``stage3_gather_16bit_weights_on_model_save`` keeps only its shards).
+    """
+    kind = "lora" if (checkpoint / "adapter_config.json").is_file() else "full"
+    if not any((checkpoint / name).is_file() for name in WEIGHT_FILES[kind]):
+        raise ExportError(f"{checkpoint}: no weights file ({', '.join(WEIGHT_FILES[kind])}); a DeepSpeed ZeRO-3 "
+                          "checkpoint needs stage3_gather_16bit_weights_on_model_save = true in its DeepSpeed config")
+    return kind
+
+
 def base_model(checkpoint: Path) -> str:
     """The base model of the run that wrote ``checkpoint``: ``model`` of ``resolved.toml`` in the
     run directory (the checkpoint's parent), which ``vf-rl``, ``vf-train`` and a run from Python
@@ -152,10 +171,12 @@ def export(source: Path, out_dir: Path, base: str | None = None) -> tuple[Path, 
     Returns:
         ``(out_dir, checkpoint, kind)``; ``kind`` is ``"lora"`` (merged) or ``"full"``.
     Raises:
-        ExportError: bad input (one line): no such directory, no checkpoint, no base model, ``out_dir`` not empty.
+        ExportError: bad input (one line): no such directory, no checkpoint (or one without weights), no base
+            model, ``out_dir`` not empty.
     """
     source, out_dir = Path(source).expanduser(), Path(out_dir).expanduser()
     checkpoint = find_checkpoint(source)
+    checkpoint_kind(checkpoint)
     _check_out(out_dir)
     base = base or base_model(checkpoint)
     _check_base(base)
@@ -218,6 +239,8 @@ def build_parser():
 
 def main(argv: list[str] | None = None) -> int:
     opts = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    # its result lines, without loading bars (read when transformers is first imported)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         out_dir, checkpoint, kind = export(opts.source, opts.out_dir, opts.base_model)
     except ExportError as exc:
