@@ -141,7 +141,7 @@ def test_v1_env_trains_two_steps_on_the_shim(shim_server, model_dir, tmp_path):
     are the trainer's), on this server; its weights change, so it runs last."""
     from test_verifiers_envs import test_v1_env_trains_two_steps
 
-    test_v1_env_trains_two_steps(shim_server, model_dir, tmp_path, None, None, None)
+    test_v1_env_trains_two_steps(shim_server, model_dir, tmp_path, None, None)
 
 
 def test_two_api_servers_serve_weight_routes_and_take_weight_updates(shim_server, env, tokenizer, tmp_path):  # noqa: F811
