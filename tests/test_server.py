@@ -155,6 +155,19 @@ def test_weight_update_moves_server_logprobs_to_the_trainers(server, env, tokeni
     assert max_logprob_diff(original, server, env, tokenizer) < TOLERANCE
 
 
+def test_a_tied_lm_head_follows_the_pushed_embedding(server, env, tokenizer, tmp_path, restore_base_weights):
+    """SmolLM2's LM head is its input embedding (``tie_word_embeddings``); the export leaves
+    ``lm_head.weight`` out, and the CPU server keeps a prepacked copy of the head for the logits.
+    After a push whose embedding differs from the base, the server's log-probs are the pushed
+    model's: the head was repacked from the new embedding, not left at the base's."""
+    policy = AutoModelForCausalLM.from_pretrained(server.model, dtype=torch.float32)
+    assert policy.lm_head.weight is policy.model.embed_tokens.weight
+    with torch.no_grad():
+        policy.model.embed_tokens.weight.mul_(1.5)  # the head scales with it: logits x 1.5
+    FilesystemSync(InferenceClient(port=server.port), tmp_path / "w").push(policy)
+    assert max_logprob_diff(policy, server, env, tokenizer) < TOLERANCE
+
+
 def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, env, tokenizer, tmp_path):
     """``push_async`` (the nccl transport over gloo): the weights are snapshotted when the push
     starts, so a training step that changes them while it is on its way does not leak into

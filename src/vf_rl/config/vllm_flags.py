@@ -113,14 +113,23 @@ def api_servers(cores: int | None = None) -> int:
     return max(1, min(4, cores // 4))
 
 
+VF_VLLM_SWITCHES = frozenset({"disable_uvicorn_access_log", "enable_scale_out", "return_tokens_as_token_ids"})
+"""The ``vllm serve`` switches that vf-vllm turns on unless its flags name them
+(``vf_rl.inference.server.serve_argv``); ``false`` in ``[inference.args]`` turns them off."""
+
+
 def inference_flags(args: dict) -> list[str]:
     """``[inference.args]`` -> flags: ``key`` -> ``--kebab-case``; ``true`` -> bare flag;
-    ``false`` -> omitted; lists -> the flag once with every value; others -> ``--flag value``."""
+    ``false`` -> omitted, or ``--no-flag`` for a switch vf-vllm turns on itself
+    (:data:`VF_VLLM_SWITCHES`: ``disable_uvicorn_access_log = false`` brings vLLM's access log
+    back); lists -> the flag once with every value; others -> ``--flag value``."""
     flags = []
     for key, value in args.items():
         flag = "--" + key.replace("_", "-")
         if value is True:
             flags.append(flag)
+        elif value is False and key in VF_VLLM_SWITCHES:
+            flags.append("--no-" + flag[2:])
         elif value is False or value is None:
             continue
         elif isinstance(value, list):

@@ -5,7 +5,8 @@
 
 Adds, unless given: ``--host 127.0.0.1``, ``--logprobs-mode processed_logprobs`` (log-probs
 after temperature, which is what the trainer's importance ratio compares against),
-the worker extension that reloads weights, and the routes middleware. With no CUDA device
+``--disable-uvicorn-access-log`` (no line per request; ``--no-disable-uvicorn-access-log``
+keeps them), the worker extension that reloads weights, and the routes middleware. With no CUDA device
 it also defaults to ``--dtype float32`` (bf16 falls back to a slow path on CPUs without
 bf16 support) and gives vLLM's CPU worker every core.
 """
@@ -39,6 +40,17 @@ def _flag_value(argv: list[str], flag: str) -> str | None:
 #: verifiers v1's training client (``verifiers.v1.TrainClientConfig``) calls and parses.
 TOKEN_ROUTE_FLAGS = ("--enable-scale-out", "--return-tokens-as-token-ids")
 
+#: vLLM's switch for uvicorn's access log, a line per HTTP request (hundreds per training step:
+#: every rollout's /tokenize and completion). vf-vllm turns it on (no access log) unless its flags
+#: name it; ``--no-disable-uvicorn-access-log`` (``disable_uvicorn_access_log = false`` in
+#: ``[inference.args]``) brings the log back.
+ACCESS_LOG_FLAG = "--disable-uvicorn-access-log"
+
+
+def _has_switch(argv: list[str], flag: str) -> bool:
+    """Whether ``argv`` sets the boolean ``flag`` either way (``--flag`` or ``--no-flag``)."""
+    return _has_flag(argv, flag) or _has_flag(argv, "--no-" + flag[2:])
+
 
 def token_route_flags() -> list[str]:
     """The :data:`TOKEN_ROUTE_FLAGS` this vLLM knows (none on a vLLM without the route or
@@ -52,7 +64,12 @@ def token_route_flags() -> list[str]:
 
 
 def serve_argv(argv: list[str], cpu: bool) -> list[str]:
-    """The ``vllm serve`` arguments vf-vllm runs for the user's ``argv``."""
+    """The ``vllm serve`` arguments vf-vllm runs for the user's ``argv``: the module docstring's
+    defaults where ``argv`` does not set them, the worker extension and the routes middleware.
+
+    Raises:
+        SystemExit: ``argv`` sets ``--worker-extension-cls``.
+    """
     argv = list(argv)
     defaults = [("--host", "127.0.0.1"), ("--logprobs-mode", "processed_logprobs")]
     if cpu:
@@ -62,8 +79,10 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
             argv += [flag, value]
     if _has_flag(argv, "--worker-extension-cls"):
         raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
+    if not _has_switch(argv, ACCESS_LOG_FLAG):
+        argv.append(ACCESS_LOG_FLAG)
     for flag in token_route_flags():  # imports vLLM (which prints): after the checks of the user's flags
-        if not _has_flag(argv, flag) and not _has_flag(argv, "--no-" + flag[2:]):
+        if not _has_switch(argv, flag):
             argv.append(flag)
     argv += ["--worker-extension-cls", EXTENSION, "--middleware", MIDDLEWARE]
     for i, arg in enumerate(argv):  # `vllm serve MODEL`: the --model option is deprecated
@@ -176,7 +195,8 @@ them). With @ config.toml the model and the flags of the config's [inference.arg
 vf-rl config (a resolved.toml that vf-rl wrote is read as it is), then the flags given after it.
 
 vf-vllm adds, unless given: --host 127.0.0.1; --logprobs-mode processed_logprobs (log-probs after
-temperature, what the trainer's importance ratio compares against); the token-in/token-out route
+temperature, what the trainer's importance ratio compares against); --disable-uvicorn-access-log
+(no log line per HTTP request; --no-disable-uvicorn-access-log keeps them); the token-in/token-out route
 that verifiers v1's training client calls, where this vLLM has it; and, without a CUDA device,
 --dtype float32 (bfloat16 falls back to a slow path on CPUs without bfloat16 support) with every
 core of this process given to vLLM's CPU worker. It always adds the weight-update routes as a

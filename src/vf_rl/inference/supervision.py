@@ -24,6 +24,19 @@ STABLE_S = 120
 SIGINT_STATUS = 130
 
 
+LOG_FILTER = r"s/.*\r//"
+"""The ``sed`` script a pane's log file is written through: each line keeps what follows its last
+carriage return, what a terminal shows of it at the end. A progress bar redrawn in place (tqdm's
+``\r`` updates) leaves its final state, one line per finished bar, and a bar cleared away leaves
+nothing."""
+
+EXIT_NOISE = ("/^nanobind: /d", r"/^ - leaked \(instance\|type\|function\) /d", r"/^ - \.\.\. skipped remainder$/d",
+              r"/^See https:\/\/nanobind\.readthedocs\.io/d")
+"""``sed`` scripts for the lines the server's processes print at exit that name nothing a user can
+act on: the leak report of triton's nanobind extension (``nanobind: leaked 514 functions!``, each
+leaked object, the link to nanobind's docs), which has no switch."""
+
+
 class ServerExited(RuntimeError):
     """The inference server that ``vf-rl`` launched has exited for good; the message names its
     status, its last error lines and its log file."""
@@ -31,12 +44,16 @@ class ServerExited(RuntimeError):
 
 def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Path, trainer_exit: Path,
                      stable_s: int = STABLE_S) -> str:
-    """The bash line of the Inference pane: ``command`` (its output appended to ``log``) in a
-    restart loop, as the module docstring describes (``stable_s``: seconds of uptime that reset
-    the restart count)."""
+    """The bash line of the Inference pane: ``command`` in a restart loop, as the module docstring
+    describes (``stable_s``: seconds of uptime that reset the restart count). Its output goes to the
+    pane without :data:`EXIT_NOISE`, and is appended to ``log`` through :data:`LOG_FILTER`."""
     q = shlex.quote  # a subshell that survives Ctrl-C, as launch.PaneCommand.shell
+    # the filters ignore Ctrl-C as tee -i does (the server's own status is PIPESTATUS[0]); the log's
+    # writer is waited for before the status is read
+    quiet = "sed -u " + " ".join(f"-e {q(script)}" for script in EXIT_NOISE)
     return (f"( trap : INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do t=$(date +%s); "
-            f"{command} 2>&1 | tee -i -a {q(str(log))}; code=${{PIPESTATUS[0]}}; "
+            f"{command} 2>&1 | (trap '' INT; exec {quiet}) | tee -i >(trap '' INT; exec sed -u {q(LOG_FILTER)} "
+            f">> {q(str(log))}); code=${{PIPESTATUS[0]}}; wait $!; "
             f"if [ $(( $(date +%s) - t )) -ge {int(stable_s)} ]; then n=0; fi; "
             f"if [ -s {q(str(trainer_exit))} ] || [ $code -le 128 ] || [ $code -eq {SIGINT_STATUS} ] "
             f"|| [ $n -ge {MAX_RESTARTS} ]; then break; fi; n=$((n+1)); "

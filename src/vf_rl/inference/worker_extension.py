@@ -7,10 +7,88 @@ worker and ``self.model_runner`` its model runner. The server reaches these meth
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vf_rl.inference.buckets import DTYPES, Bucket, unpack_bucket
+
+if TYPE_CHECKING:
+    import torch
+
+
+TIED_HEAD = "lm_head.weight"
+"""The checkpoint name of a causal LM's output embedding, which a model with tied word embeddings
+shares with its input embedding (``*embed_tokens.weight``)."""
+
+
+def with_tied_head(weights: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """``weights`` plus ``("lm_head.weight", <the input embedding>)`` when the update holds an input
+    embedding (a name ending in ``embed_tokens.weight``) and no ``lm_head.weight``.
+
+    A model with tied word embeddings saves one matrix for both (``save_pretrained``, and the
+    trainer's export, leave ``lm_head.weight`` out). vLLM's ``reload_weights`` re-runs a module's
+    weight processing only for the modules the update names, and on the CPU the LM head's
+    processing builds the prepacked copy of its weight that computes the logits: without the head
+    in the update, the logits keep the weights the server started with while the input embedding
+    follows the trainer. With it, vLLM loads the head (its storage is the embedding's) and repacks it.
+
+    Args:
+        weights: ``(name, tensor)`` pairs in checkpoint format.
+    Returns:
+        the pairs, the head's appended (the same tensor as the embedding's, no copy) where needed.
+    """
+    names = [name for name, _ in weights]
+    if TIED_HEAD in names:
+        return weights
+    embedding = [tensor for name, tensor in weights if name.endswith("embed_tokens.weight")]
+    return [*weights, (TIED_HEAD, embedding[0])] if len(embedding) == 1 else weights
+
+
+LAYERWISE_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+"""The logger of vLLM's layerwise reload (``finalize_layerwise_processing``), which warns
+``"%s: Failed to load weights"`` for every module that an update left untouched."""
+
+
+def buffer_only_classes(model: torch.nn.Module) -> frozenset[str]:
+    """The class names of ``model``'s modules that have nothing to load: every module of the class
+    holds no parameter of its own and only non-persistent buffers (a rotary embedding's
+    ``cos_sin_cache``, which no checkpoint holds and vLLM restores after a reload)."""
+    verdicts: dict[str, bool] = {}
+    for module in model.modules():
+        buffers = [name for name, b in module._buffers.items() if b is not None]
+        params = [p for p in module._parameters.values() if p is not None]
+        nothing_to_load = bool(buffers) and not params and set(buffers) <= module._non_persistent_buffers_set
+        name = type(module).__name__
+        verdicts[name] = verdicts.get(name, True) and nothing_to_load
+    return frozenset(name for name, ok in verdicts.items() if ok)
+
+
+class _DropBufferOnlyWarnings:
+    """A ``logging`` filter that drops ``"%s: Failed to load weights"`` for the given class names."""
+
+    def __init__(self, classes: frozenset[str]):
+        self.classes = classes
+
+    def filter(self, record) -> bool:
+        return not (record.msg == "%s: Failed to load weights" and isinstance(record.args, tuple)
+                    and record.args and record.args[0] in self.classes)
+
+
+@contextlib.contextmanager
+def quiet_reload_warnings(classes: frozenset[str]):
+    """While the block runs, vLLM's layerwise reload does not warn about the modules of ``classes``
+    (:func:`buffer_only_classes`): a reload in checkpoint format never reaches them, and the
+    warning would read as a failed weight sync. Every other module's failure is still logged."""
+    logger = logging.getLogger(LAYERWISE_LOGGER)
+    drop = _DropBufferOnlyWarnings(classes)
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 class WeightSyncExtension:
@@ -51,17 +129,26 @@ class WeightSyncExtension:
         On a GPU with an unquantized model the tensors are copied straight into the parameters
         (``model.load_weights``, several times faster than ``reload_weights``: docs/benchmarks.md);
         the copies are in place, so captured CUDA graphs stay valid. Elsewhere (the CPU's prepacked layers, quantized
-        weights, whose processing must run again) through ``model_runner.reload_weights``.
+        weights, whose processing must run again) through ``model_runner.reload_weights``, a tied LM
+        head included (:func:`with_tied_head`) and without the warnings about modules that have
+        nothing to load (:func:`quiet_reload_warnings`).
         Returns ``{"tensors": int, "seconds": float}`` (seconds since ``start``)."""
         weights = list(weights)
+        received = len(weights)
         if self._vf_loads_directly():
             import torch
 
             self.model_runner.get_model().load_weights(weights=weights)
             torch.cuda.current_stream(self.device).synchronize()  # the source buffers may be reused after we return
         else:
-            self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
-        return {"tensors": len(weights), "seconds": time.perf_counter() - start}
+            model = self.model_runner.get_model()
+            tied = getattr(self.vllm_config.model_config.hf_text_config, "tie_word_embeddings", False)
+            weights = with_tied_head(weights) if tied else weights
+            if getattr(self, "_vf_buffer_only", None) is None:  # the model's modules do not change
+                self._vf_buffer_only = buffer_only_classes(model)
+            with quiet_reload_warnings(self._vf_buffer_only):
+                self.model_runner.reload_weights(weights_iterator=iter(weights), is_checkpoint_format=True)
+        return {"tensors": received, "seconds": time.perf_counter() - start}
 
     def _vf_loads_directly(self) -> bool:
         """Whether weights are copied straight into the parameters (a GPU, an unquantized model),

@@ -28,7 +28,7 @@ from vf_rl.config.layout import LOOPBACK, trainer_values
 from vf_rl.config.resolved_toml import to_toml, write_resolved
 from vf_rl.config.schema import ConfigError, VfRlConfig
 from vf_rl.inference.server import server_argv
-from vf_rl.inference.supervision import SIGINT_STATUS, exited_message, supervised_shell
+from vf_rl.inference.supervision import LOG_FILTER, SIGINT_STATUS, exited_message, supervised_shell
 from vf_rl.launcher.ports import check_port_free
 
 EXIT_BAD_INPUT = 2
@@ -50,15 +50,22 @@ class PaneCommand:
     def shell(self, log: Path, exit_file: Path | None = None, after: str = "") -> str:
         """The bash line the pane runs: env, the command teed to ``log``, exit status saved. In
         a subshell that survives Ctrl-C (``trap : INT``; ``tee -i``), so that the status is
-        written and ``after`` runs when the command is interrupted too (an interactive bash
-        drops the rest of a line whose command died of SIGINT)."""
-        # the log gets one line per progress update (a terminal's carriage returns become newlines);
-        # its writer ignores Ctrl-C as tee -i does, and is waited for before the status is written
-        line = (f"{self.line()} 2>&1 | tee -i >(trap '' INT; exec sed -u 's/\\r/\\n/g' > "
+        written and ``after`` runs when the command is interrupted too (a bash whose command
+        died of SIGINT drops the rest of its line)."""
+        # the log keeps each line's last state (LOG_FILTER); its writer ignores Ctrl-C as tee -i
+        # does, and is waited for before the status is written
+        line = (f"{self.line()} 2>&1 | tee -i >(trap '' INT; exec sed -u {shlex.quote(LOG_FILTER)} > "
                 f"{shlex.quote(str(log))}); code=${{PIPESTATUS[0]}}; wait $!")
         if exit_file is not None:
             line += f"; echo $code > {shlex.quote(str(exit_file))}"
         return f"( trap : INT; {line}" + (f"; {after}" if after else "") + "; echo \"[exited with status $code]\" )"
+
+
+def pane_process(line: str) -> str:
+    """The command a tmux pane runs as its own process: bash running ``line`` (a bash line: it reads
+    ``PIPESTATUS``), then an interactive bash, so that the pane keeps its output and gives a prompt
+    once ``line`` has ended. Nothing is typed into the pane, so the line is not echoed there."""
+    return "bash -c " + shlex.quote(line + "; exec bash")
 
 
 FORWARDED_ENV_PREFIXES = ("PATH", "VIRTUAL_ENV", "PYTHONPATH", "HF_", "HUGGING_FACE", "TRANSFORMERS_", "VLLM_",
@@ -205,24 +212,25 @@ def launch(config: VfRlConfig, config_path: Path, session_name: str, wait: bool,
     if server.has_session(session_name):
         server.kill_session(session_name)
     environment = {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_ENV_PREFIXES)}
+    serving = supervised_shell(inference.line(), logs / "inference.log", logs / "inference.exit",
+                               logs / "inference.restarts", exit_file)
     session = server.new_session(session_name, window_name="vf-rl", attach=False, x=220, y=60,
-                                 start_directory=str(Path.cwd()), environment=environment)
+                                 start_directory=str(Path.cwd()), environment=environment,
+                                 window_command=pane_process(serving))
     window = session.active_window
     top = window.active_pane
-    bottom = top.split(direction=libtmux.constants.PaneDirection.Below, start_directory=str(Path.cwd()),
-                       environment=environment)
-    window.set_option("pane-border-status", "top")
-    for pane, cmd in ((top, inference), (bottom, trainer)):
-        pane.cmd("select-pane", "-T", cmd.title)
     resume_hint = resume_command(config_path, session_name)
     checkpoints = shlex.quote(str(config.output_dir.resolve())) + "/checkpoint-*"
     after = (f"tmux send-keys -t {top.pane_id} C-c; if [ $code -ne 0 ] && [ $code -ne {SIGINT_STATUS} ]; then "
              f"if ls -d {checkpoints} >/dev/null 2>&1; then "
              f"echo {shlex.quote('[vf-rl] the trainer failed; the last complete checkpoint resumes with: ' + resume_hint)}"
              f"; else echo {shlex.quote('[vf-rl] the trainer failed before its first checkpoint')}; fi; fi")
-    top.send_keys(supervised_shell(inference.line(), logs / "inference.log", logs / "inference.exit",
-                                   logs / "inference.restarts", exit_file))
-    bottom.send_keys(trainer.shell(logs / "trainer.log", exit_file, after=after))
+    bottom = top.split(direction=libtmux.constants.PaneDirection.Below, start_directory=str(Path.cwd()),
+                       environment=environment,
+                       shell=pane_process(trainer.shell(logs / "trainer.log", exit_file, after=after)))
+    window.set_option("pane-border-status", "top")
+    for pane, cmd in ((top, inference), (bottom, trainer)):
+        pane.cmd("select-pane", "-T", cmd.title)
     checks_s = time.time() - psutil.Process().create_time()  # what the config's checks add to a run's start
     print(f"vf-rl: tmux session '{session_name}' started {checks_s:.1f} s after vf-rl did (logs in {logs})")
     interactive = sys.stdout.isatty() and not os.environ.get("TMUX")

@@ -215,7 +215,17 @@ class TimeBudget(TrainerCallback):
 
 
 class QuietProgress(ProgressCallback):
-    """The progress bar without ``Trainer``'s raw dict print (we print our own line)."""
+    """The progress bar without ``Trainer``'s raw dict print (we print our own line), attached to
+    the pane's display while training runs (``display.attach_progress_bar``: lines go above it, the
+    generation progress into its postfix)."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        display.attach_progress_bar(self.training_bar)  # None on every process but the main one
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         pass
+
+    def on_train_end(self, args, state, control, **kwargs):
+        display.attach_progress_bar(None)
+        super().on_train_end(args, state, control, **kwargs)

@@ -303,8 +303,9 @@ class RLTrainer(CheckpointingTrainer):
         if not self.is_world_process_zero():
             return
         append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
-        if batch.step % max(int(self.args.logging_steps), 1) == 0:
+        if display.shows_samples(batch.step + 1, self.args.max_steps):
             display.sample_table(batch, batch.step + 1)
+        if batch.step % max(int(self.args.logging_steps), 1) == 0:
             display.wandb_sample_table(batch, self.args.report_to)
 
     def _share_batch(self, batch: Batch | None) -> Batch:
