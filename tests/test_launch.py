@@ -112,16 +112,14 @@ def test_a_session_name_tmux_cannot_take_is_a_one_line_error(tmp_path):
                                                       "without '.' or ':'"]
     assert subprocess.run(["tmux", "has-session", "-t", "zero3-llama-3"], capture_output=True).returncode != 0
 
-def test_too_many_gpus_is_an_error_in_a_dry_run_as_when_launching(tmp_path):
-    """Where the GPUs are known (here: none visible), the dry run refuses what the launch refuses, in one
-    line with exit status 2; where nothing can tell (no nvidia-smi, no CUDA_VISIBLE_DEVICES) it says it
-    could not check."""
+def test_too_many_gpus_is_an_error_when_launching_and_a_named_warning_in_a_dry_run(tmp_path):
+    """A dry run checks a GPU config on any machine: it warns with what a launch here refuses (exit 0),
+    and says when nothing can count the GPUs (no nvidia-smi, no CUDA_VISIBLE_DEVICES)."""
     path = write(tmp_path, MINIMAL.format(inf=1, train=1, extra=""))
     env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
     dry = run_cli("@", str(path), "--dry-run", env=env)
-    assert dry.returncode == 2 and dry.stderr.strip().splitlines() == [
-        f"vf-rl: error: {path}: inference.gpus + trainer.gpus = 2 GPUs, but 0 are visible (CUDA_VISIBLE_DEVICES / "
-        "nvidia-smi); use gpus = 0 to run a side on the CPU"], dry.stderr
+    assert dry.returncode == 0 and "= 2 GPUs, but 0 are visible" in dry.stderr
+    assert "a launch here refuses this" in dry.stderr, dry.stderr
     real = run_cli("@", str(path), "-s", "vf-rl-test-never-started", env=env)
     assert real.returncode == 2 and "= 2 GPUs, but 0 are visible" in real.stderr
     assert subprocess.run(["tmux", "has-session", "-t", "vf-rl-test-never-started"],

@@ -50,7 +50,11 @@ def cuda_build(text: str) -> bool:
 
 def hide_mismatched_companions() -> list[str]:
     """Mark every CUDA build of a companion as not installed when torch is a CPU build; returns
-    the names hidden (none where the builds match or torch is not installed)."""
+    the names hidden (none where the builds match, torch is not installed, or transformers was
+    imported first: it has read what is installed, and a process that imports it before vf-rl
+    needs PyTorch's CPU index at install time)."""
+    if "transformers" in sys.modules:  # it has decided what is installed already: hiding now would break it
+        return []
     torch_text = _version_text("torch")
     if torch_text is None or not torch_is_cpu_build(torch_text):
         return []

@@ -144,9 +144,8 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config
     """The GPU ids to hand out.
 
     Raises:
-        ConfigError: fewer GPUs are visible than the config asks for; on a dry run only where the
-            GPUs are known (``gpus`` not ``None``): without ``nvidia-smi`` a dry run warns that it
-            could not check, and numbers the GPUs it would hand out from 0.
+        ConfigError: fewer GPUs are visible than the config asks for (not on a dry run, which warns:
+            it checks a GPU config on any machine, and says when it could not count the GPUs).
     """
     needed = gpus_needed(config)
     known = gpus is not None
@@ -155,11 +154,13 @@ def check_gpus(config: VfRlConfig, gpus: list[str] | None, dry_run: bool, config
         what = "max(inference.gpus, trainer.gpus) (shared)" if config.inference.shared else "inference.gpus + trainer.gpus"
         message = (f"{config_path or 'config'}: {what} = {needed} GPUs, but {len(gpus)} are "
                    f"visible (CUDA_VISIBLE_DEVICES / nvidia-smi); use gpus = 0 to run a side on the CPU")
-        if known or not dry_run:
+        if not dry_run:
             raise ConfigError(message)
-        print(f"warning: {config_path or 'config'}: {needed} GPUs asked for; no nvidia-smi here, so the dry run could "
+        # a dry run checks a GPU config on any machine (a laptop, a login node): it says what a launch here refuses
+        print(f"warning: {message} (a launch here refuses this; the dry run goes on)" if known else
+              f"warning: {config_path or 'config'}: {needed} GPUs asked for; no nvidia-smi here, so the dry run could "
               "not check them (a launch does)", file=sys.stderr)
-        gpus = [str(i) for i in range(needed)]
+        gpus = gpus + [str(i) for i in range(len(gpus), needed)]
     return gpus
 
 
@@ -335,12 +336,12 @@ def run_node(config: VfRlConfig, config_path: Path, node_rank: int, resume: bool
 
 
 def dry_run(config: VfRlConfig, config_path: Path, session_name: str) -> int:
-    """``--dry-run``: every check a launch makes before it starts anything (the config, the GPUs
-    where ``nvidia-smi`` can tell, the server's port), then the pane commands and the resolved
+    """``--dry-run``: the launch's checks (the config, the server's port; too few GPUs is a warning,
+    so that a GPU config can be checked on any machine), then the pane commands and the resolved
     config ``vf-rl`` would write; starts and writes nothing.
 
     Raises:
-        ConfigError: too few GPUs, or the server's port is taken.
+        ConfigError: the server's port is taken.
     """
     resolved_path = config.output_dir / "resolved.toml"
     inference, trainer = build_commands(config, resolved_path, check_gpus(config, visible_gpus(), dry_run=True,
