@@ -48,7 +48,7 @@ from vf_rl.trainer.speed.attention import register_attention
 from vf_rl.trainer.speed.logprobs import micro_batch_logprobs
 from vf_rl.trainer.speed.packing import micro_batches_to, plan_micro_batches
 from vf_rl.trainer.speed.tiling import tile_mlps
-from vf_rl.trainer.speed.warmup import server_memory_taken, warm_up
+from vf_rl.trainer.speed.warmup import compile_metrics, server_memory_taken, warm_up
 from vf_rl.trainer.weight_sync import LORA_NAME, open_weight_sync
 from vf_rl.trainer.weights import gathered_weights
 
@@ -298,7 +298,7 @@ class RLTrainer(CheckpointingTrainer):
         timings = {"wait_s": 0.0, "sync_s": 0.0, **self._timings}
         self._step_metrics = {**batch.metrics, **stats, **{f"timing/{k}": v for k, v in timings.items()},
                               "timing/elapsed_s": time.perf_counter() - self._started,
-                              "server/reconnects": float(self._server_reconnects),
+                              "server/reconnects": float(self._server_reconnects), **compile_metrics(self),
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
         if not self.is_world_process_zero():
             return

@@ -32,6 +32,7 @@ prompt's keys then its own).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain, compress
@@ -266,9 +267,10 @@ _LAYOUT_TENSORS = ("cu_q", "cu_k", "key_index")
 def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch]:
     """``micro_batches`` with every tensor (their layouts' too) on ``device``, in one copy per dtype:
     a dtype's host tensors are written into one buffer (pinned for a GPU, so the copy is
-    asynchronous), each at a 16-byte aligned offset as kernels expect, copied, and read back as
-    views of their shapes. A 64-rollout batch's eight packed micro batches hold ~90 tensors, whose
-    copies one by one from pageable memory would each wait on the host at the step's start."""
+    asynchronous), each at a 16-byte aligned offset as kernels expect, copied, and read back in
+    their shapes (:func:`_own_storage`: each over its own part of the buffer, at storage offset 0).
+    A 64-rollout batch's eight packed micro batches hold ~90 tensors, whose copies one by one from
+    pageable memory would each wait on the host at the step's start."""
     device = torch.device(device)
     found: dict[tuple[int, str, str | None], torch.Tensor] = {}  # (micro batch, field, layout field) -> tensor
     for i, mb in enumerate(micro_batches):
@@ -291,8 +293,7 @@ def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch
         for where, t in group.items():
             flat[starts[where]:starts[where] + t.numel()] = t.reshape(-1)
         flat = flat.to(device, non_blocking=True)
-        moved.update({where: flat[starts[where]:starts[where] + t.numel()].view(t.shape)
-                      for where, t in group.items()})
+        moved.update({where: _own_storage(flat, starts[where], t.shape) for where, t in group.items()})
     out = []
     for i, mb in enumerate(micro_batches):
         fields = {f.name: moved.get((i, f.name, None), getattr(mb, f.name)) for f in dataclasses.fields(mb)}
@@ -301,6 +302,22 @@ def micro_batches_to(micro_batches: list[MicroBatch], device) -> list[MicroBatch
                                                                  if (i, "layout", g) in moved})
         out.append(MicroBatch(**fields))
     return out
+
+
+def _own_storage(flat: torch.Tensor, start: int, shape: torch.Size) -> torch.Tensor:
+    """``flat[start:start + numel].view(shape)`` as a tensor of its own storage, a slice of ``flat``'s
+    (the same memory, no copy; the slice keeps ``flat``'s allocation alive), at storage offset 0.
+
+    A view's storage offset is its position in the buffer, which changes from step to step. dynamo
+    gives the offset of a tensor with a dynamic size (the layout's ``cu_q``, ``cu_k``, ``key_index``,
+    the row's ``position_ids``) a symbol of its own, guarded ``>= 2`` (or equal to a size of the same
+    value), while an offset of 0 compiles as a constant with no guard. A compiled layer called on
+    the same tensors at another offset, as the layer graphs' recording does on copies of its inputs
+    (``layer_graphs.LayerGraphs``), then compiles again (seconds on a GPU, after the warm-up).
+    At offset 0 every micro batch, copy and recording meets the warm-up's graphs."""
+    itemsize = flat.element_size()
+    part = flat.untyped_storage()[start * itemsize:(start + math.prod(shape)) * itemsize]
+    return flat.new_empty(0).set_(part, 0, shape)
 
 
 def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_seq_len: int = 0) -> MicroBatch:

@@ -17,11 +17,14 @@ synthetic batches go through the trainer's own ``_train_on_batch``: groups of sa
 a prompt from the dataset, completions of different lengths, the second batch far shorter and
 with fewer samples (row length, segment count and gathered keys all change, so a size the
 first compile left static compiles here, not in a step). Their gradients are dropped and the
-RNG state restored: the run goes on as it would have.
+RNG state restored: the run goes on as it would have. After it, a step should compile nothing:
+:func:`compile_metrics` counts what dynamo compiles from then on (``compile/recompiles`` in
+every step's metrics).
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
@@ -135,8 +138,24 @@ def warm_up(trainer) -> float | None:
         return None
     finally:
         model.zero_grad(set_to_none=True)
+        trainer._frames_at_warm_up = _compiled_frames()
     seconds = time.perf_counter() - start
     if main:
         print(f"torch_compile: compiled in {seconds:.1f} s on synthetic batches of "
               f"{sum(len(s.input_ids) for b in batches for s in b.samples)} tokens", flush=True)
     return seconds
+
+
+def _compiled_frames() -> int:
+    """Frames dynamo has compiled in this process (``counters["frames"]["total"]``: every first call
+    of a compiled function and every recompile after a guard failed), 0 when dynamo was never loaded."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return int(utils.counters["frames"]["total"]) if utils is not None else 0
+
+
+def compile_metrics(trainer) -> dict[str, float]:
+    """``{"compile/recompiles": n}``: the frames dynamo compiled since :func:`warm_up` ended (since the
+    process started where no warm-up ran), for every step's metrics. 0 all along once the warm-up
+    compiled every graph the steps run; each compile in a step costs seconds of training on a GPU
+    (a guard that failed: ``TORCH_LOGS=recompiles`` names it)."""
+    return {"compile/recompiles": float(max(_compiled_frames() - getattr(trainer, "_frames_at_warm_up", 0), 0))}
