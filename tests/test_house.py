@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 PACKAGE = SRC / "vf_rl"
 
 # lowest first: a module may import its own layer and the layers below it (docs/architecture.md)
-LAYERS = ["vf_rl.parent_watch", "vf_rl.config", "vf_rl.env_api", "vf_rl.algorithm", "vf_rl.environments",
+LAYERS = ["vf_rl.parent_watch", "vf_rl.watchdog", "vf_rl.config", "vf_rl.env_api", "vf_rl.algorithm", "vf_rl.environments",
           "vf_rl.inference", "vf_rl.orchestrator", "vf_rl.trainer", "vf_rl.sft", "vf_rl.launcher", "vf_rl"]
 # the one import that runs up, named in docs/architecture.md: the registry finds the built-in environments
 UPWARD_ALLOWED = {("vf_rl.env_api.registry", "vf_rl.environments")}

@@ -161,6 +161,10 @@ def test_vf_vllm_serve_arguments():
     gpu = serve_argv(["--model=/m", "--dtype", "bfloat16"], cpu=False)
     assert gpu[0] == "/m" and gpu[gpu.index("--dtype") + 1] == "bfloat16"
     assert gpu[gpu.index("--host") + 1] == "127.0.0.1"
+    # chunked prefill off on the CPU only (a seeded, split prefill kills vLLM's CPU engine), the user's choice kept
+    assert "--no-enable-chunked-prefill" in argv and "chunked" not in " ".join(gpu)
+    kept = serve_argv(["--model", "/m", "--enable-chunked-prefill"], cpu=True)
+    assert "--no-enable-chunked-prefill" not in kept and kept.count("--enable-chunked-prefill") == 1
     with pytest.raises(SystemExit, match="worker-extension-cls"):
         serve_argv(["--model", "/m", "--worker-extension-cls", "x.Y"], cpu=True)
     # vLLM's token route for verifiers v1's train client, on by default where vLLM has it

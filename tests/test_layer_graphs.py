@@ -69,7 +69,7 @@ def test_a_shape_records_at_its_second_pass(stand_in):
     inputs), and replays after, one replay per pass; a recording leaves other shapes' layers as they
     were; no-grad passes never record or replay."""
     args = check.parse_args(["--device", "cpu", "--model-config", "tiny", "--no-compile", "--mode", "realistic",
-                             "--batch", "16"])
+                             "--batch", "16", "--prompt-max", "96", "--max-tokens", "64"])
     model, graphs = check.build(args, torch.device("cpu"), graphs=True)
     cycle = check.batches(args, torch.device("cpu"))
     keys = [(mb.layout.cu_q.shape[0], mb.layout.cu_k.shape[0], mb.layout.key_index.shape[0], mb.input_ids.shape[1])

@@ -366,7 +366,7 @@ def test_vllm_args_reach_the_vf_rl_sides_inference_table(tmp_path):
     opts = SimpleNamespace(device="gpu", enforce_eager=False, shared=True, vllm_memory=0.3, env="alphabet-sort",
                            model="/m", prompts=16, rollouts=8, micro_batch=128, max_tokens=128, steps=10, minutes=8.0,
                            lr=1e-4, lora_rank=8, lora_alpha=32, seed=42, eval_every=10 ** 6, eval_examples=32,
-                           eval_rollouts=2, vf_arg=["torch_compile=false"],
+                           eval_rollouts=2, full_weights=False, no_eval=False, vf_arg=["torch_compile=false"],
                            vllm_arg=["api_server_count=4", "gpu_memory_utilization=0.25"])
     config = learning.vf_rl_config(opts, learning.ENVS["alphabet-sort"], tmp_path, 8123)
     assert config["inference"]["args"]["api_server_count"] == 4
@@ -465,3 +465,69 @@ def test_trl_async_keeps_the_adapters_queued_requests_name(tmp_path):
     assert out.stdout.strip().splitlines()[-1] == "['trl-policy-v1', 'trl-policy-v2'] False"
     for version in (1, 2):
         assert (tmp_path / ".vllm_lora" / f"trl-policy-v{version}" / "adapter_config.json").is_file()
+
+
+def test_fixed_length_environment_asks_every_side_to_sample_max_tokens(tmp_path, monkeypatch):
+    """--env fixed-length: the environment (benchmarks/fixed_length.py, found on PYTHONPATH) and its
+    recipe (what the orchestrator's process builds) put vLLM's ignore_eos in the group request's body;
+    TRL's side gets the same flag, or transformers' min_new_tokens without vLLM; --full-weights and
+    --no-eval reach vf-rl's config, and max_seq_len keeps the environment's room for prompts."""
+    from vf_rl import load_environment
+    from vf_rl.env_api.group_sampling import completion_args
+    from vf_rl.env_api.rollout import merge_sampling_args
+
+    learning = _learning()
+    monkeypatch.syspath_prepend(str(learning.BENCHMARKS_DIR))
+    spec = learning.seq_len_for(learning.ENVS["fixed-length"], 2048)
+    assert spec.max_seq_len == 2560 and learning.seq_len_for(learning.ENVS["reverse-text"], 24).max_seq_len == 512
+    for env in (load_environment(spec.env_id, **spec.args), load_environment(spec.env_id, **spec.args).recipe()):
+        args, _ = completion_args(merge_sampling_args(env.sampling_args, {"max_tokens": 2048, "temperature": 1.0}))
+        assert args["ignore_eos"] is True and args["max_tokens"] == 2048
+        assert env.get_dataset()[0]["prompt"][0]["role"] == "system"  # the base environment's rows
+    opts = SimpleNamespace(device="gpu", enforce_eager=False, shared=True, vllm_memory=0.3, env="fixed-length",
+                           model="/m", prompts=16, rollouts=16, micro_batch=16, max_tokens=2048, steps=12,
+                           minutes=60.0, lr=1e-6, lora_rank=8, lora_alpha=32, seed=42, eval_every=10 ** 6,
+                           eval_examples=32, eval_rollouts=2, full_weights=True, no_eval=True, vf_arg=[], vllm_arg=[],
+                           trl_vllm="colocate")
+    config = learning.vf_rl_config(opts, spec, tmp_path, 8123)
+    trainer = config["trainer"]["args"]
+    assert config["env"]["id"] == "fixed_length" and trainer["use_lora"] is False and "lora_rank" not in trainer
+    assert trainer["eval_strategy"] == "no" and trainer["max_seq_len"] == 2560
+    assert config["inference"]["args"]["max_model_len"] == 3072
+    assert learning.trl_generation_kwargs(opts, spec) == {"ignore_eos": True}
+    opts.trl_vllm = "none"
+    assert learning.trl_generation_kwargs(opts, spec) == {"min_new_tokens": 2048}
+    assert learning.trl_generation_kwargs(opts, learning.ENVS["reverse-text"]) == {}
+    assert learning.side_env(opts, tmp_path, "vf-rl")["PYTHONPATH"].split(os.pathsep)[0] == str(learning.BENCHMARKS_DIR)
+
+
+@pytest.mark.slow
+def test_fixed_length_sides_train_full_weights_on_completions_of_max_tokens(tmp_path):
+    """Both sides end to end on the CPU, the user-size benchmark's code path at a tiny size: a random
+    Qwen3-shaped model with Qwen3's vocabulary (make_random_model.py --pad-vocab), full weights, no
+    evaluations; every completion of every step has --max-tokens tokens on both sides (vf-rl through
+    vf-vllm's ignore_eos, TRL through transformers' min_new_tokens), and the table reads them per second."""
+    model = tmp_path / "qwen3-tiny"
+    tokenizer = Path(os.environ.get("VF_RL_CACHE", Path.home() / ".cache" / "vf-rl")) / "models" / "SmolLM2-135M-Instruct"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "make_random_model.py"), "--config", "qwen3-tiny",
+                    "--tokenizer", str(tokenizer), "--pad-vocab", "--out", str(model)], check=True, capture_output=True)
+    path = tmp_path / "result.json"
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "learning.py"), "--env", "fixed-length", "--device",
+                          "cpu", "--model", str(model), "--max-tokens", "16", "--prompts", "2", "--rollouts", "2",
+                          "--micro-batch", "2", "--trl-micro-batch", "2", "--steps", "3", "--warmup", "1",
+                          "--minutes", "30", "--no-eval", "--full-weights", "--lr", "1e-6", "--sides", "vf-rl,trl",
+                          "--vf-arg", "vllm_server_timeout=1200",  # a busy 2-core machine starts vLLM slowly
+                          "--out", str(tmp_path / "run"), "--json", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    sides = json.loads(path.read_text())["sides"]
+    for name in ("vf-rl", "trl"):
+        summary = sides[name]["summary"]
+        assert summary["steps"] == 3 and summary["completion_tokens_per_step"] == 4 * 16, name
+        assert summary["tokens_trained_per_s"] == pytest.approx(64 / summary["step_s_median"]), name
+        assert summary["eval_before"] is None
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "vf-rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens/loss"] for r in metrics if "tokens/loss" in r] == [64.0] * 3
+    assert "use_lora = false" in (tmp_path / "run" / "vf-rl" / "resolved.toml").read_text()
+    lengths = re.findall(r"'completions/mean_length': '([0-9.e+-]+)'", (tmp_path / "run" / "trl" / "trl.log").read_text())
+    assert [float(x) for x in lengths] == [16.0] * 3
+    assert "completion tokens trained / s" in out.stdout

@@ -55,7 +55,11 @@ def records(kind: str, pattern: str):
     """``(name, record)`` of every ``benchmarks/results/<pattern>`` file and of every record of
     ``kind`` (``"trainer_step"``, ``"learning"``) kept in ``results/memory-peaks.json``."""
     for path in sorted(RESULTS.glob(pattern)):
-        yield path.stem, json.loads(path.read_text())
+        record = json.loads(path.read_text())
+        if "runs" in record and "args" not in record:  # several runs kept in one file, keyed by run
+            yield from ((f"{path.stem}:{key}", run) for key, run in record["runs"].items())
+        else:
+            yield path.stem, record
     yield from sorted(json.loads((RESULTS / "memory-peaks.json").read_text())[kind].items())
 
 

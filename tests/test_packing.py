@@ -440,7 +440,7 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
     from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import vf_rl.trainer.trainer as trainer_module
+    import vf_rl.trainer.micro_step as micro_step_module
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
     from vf_rl.orchestrator.orchestrator import Batch
@@ -485,7 +485,7 @@ def test_lora_step_under_autocast_skips_the_input_casts_exactly(model_dir, tmp_p
     loss, grads, copies = step()
     casting = [m.cast_input_dtype_enabled for m in trainer.model.modules() if hasattr(m, "cast_input_dtype_enabled")]
     assert casting and all(casting)  # turned off for the step only
-    monkeypatch.setattr(trainer_module, "lora_input_casts_off", lambda model, autocast: contextlib.nullcontext())
+    monkeypatch.setattr(micro_step_module, "lora_input_casts_off", lambda model, autocast: contextlib.nullcontext())
     loss_cast, grads_cast, copies_cast = step()
     assert float(loss) != 0.0 and torch.equal(loss, loss_cast)
     assert all(torch.equal(g, h) for g, h in zip(grads, grads_cast)) and any(g.abs().sum() > 0 for g in grads)

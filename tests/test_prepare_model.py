@@ -16,8 +16,10 @@ import pytest
 EXPECTED = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>"}
 EXPECTED_IDS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 
-# an older transformers the requirements allow, with the hub client it needs, beside the venv's
-OLDER = {"5.17.0": ["transformers==5.17.0", "huggingface-hub>=1.5,<2"]}
+# older transformers the requirements allow (the lowest, and one that infers other tokens), with the hub
+# client and tokenizers each needs, beside the venv's
+OLDER = {"4.56.2": ["transformers==4.56.2", "huggingface-hub>=0.34,<1", "tokenizers>=0.22,<=0.23.0"],
+         "5.17.0": ["transformers==5.17.0", "huggingface-hub>=1.5,<2"]}
 
 
 def assert_special_tokens(model: Path) -> None:

@@ -65,7 +65,7 @@ def test_steps_after_the_warm_up_compile_nothing(model_dir, tmp_path, monkeypatc
     from vf_rl import RLConfig, RLTrainer
     from vf_rl.env_api import load_environment
     from vf_rl.orchestrator.orchestrator import Batch
-    from vf_rl.trainer import trainer as trainer_module
+    from vf_rl.trainer import micro_step as trainer_module
     from vf_rl.trainer.speed.warmup import compile_metrics, warm_up
 
     recorded: list[int] = []

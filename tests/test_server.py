@@ -235,7 +235,7 @@ def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypa
     assert re.search(r"Weight sync: .*\n" + compiled if shares_gpu else compiled + "Waiting for vf-vllm", out), out
     assert len(re.findall(compiled, out)) == 1, out
     steps = [r for r in map(json.loads, (tmp_path / "metrics.jsonl").read_text().splitlines()) if "reward" in r]
-    assert len(steps) == 3 and len(made) == 1 and made[0]._pusher is None  # closed after the last push
+    assert len(steps) == 3 and len(made) == 1 and made[0]._last is None  # closed after the last push
     # step 2 starts a push while it trains, step 3 collects it (and starts its own, collected at the end)
     assert [r.get("timing/sync_push_s", 0.0) > 0 for r in steps] == [False, False, True]
     assert [r["off_policy/staleness"] for r in steps] == [0.0, 1.0, 1.0]

@@ -80,7 +80,8 @@ def batches(args, device: torch.device) -> list[list]:
     """The batches the steps cycle through, as the trainer plans them for a compiled model (packed
     micro batches, on the device). ``fixed``: the fixed batch, then one of ``--second-completion-len``
     (another row length) unless 0. ``realistic``: three batches of ``trainer_step.py``'s realistic
-    distribution (seeds 0-2: prompts shared by groups of 8, completions 4-1,024 tokens), padded to
+    distribution (seeds 0-2: prompts shared by groups of 8, of up to ``--prompt-max`` tokens,
+    completions up to ``--max-tokens``), padded to
     bucket sizes as the CUDA-graph mode pads them (a few shapes, recorded once each). Packed rows
     carry the run's ``max_seq_len`` as their bound, as the trainer's do."""
     g = torch.Generator().manual_seed(0)
@@ -101,8 +102,9 @@ def batches(args, device: torch.device) -> list[list]:
         from trainer_step import batch_shape
 
         for seed in range(3):
-            shape = SimpleNamespace(mode="realistic", batch=args.batch, group=8, prompt_min=64, prompt_max=1024,
-                                    max_tokens=1024, cap_share=0.25, seed=seed)
+            shape = SimpleNamespace(mode="realistic", batch=args.batch, group=8, prompt_min=min(64, args.prompt_max),
+                                    prompt_max=args.prompt_max, max_tokens=args.max_tokens, cap_share=0.25,
+                                    seed=seed)
             samples = []
             for P, C, group in zip(*batch_shape(shape)):
                 if not samples or samples[-1].group != group:
@@ -180,6 +182,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--second-completion-len", type=int, default=192,
                    help="a second batch of this completion length (another row length: graphs recorded per shape, "
                         "one pool), steps alternating between the two; 0: one batch")
+    p.add_argument("--prompt-max", type=int, default=1024, help="realistic: longest prompt")
+    p.add_argument("--max-tokens", type=int, default=1024, help="realistic: completion cap")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager layers (CPU plumbing check)")

@@ -43,6 +43,12 @@
 #   best   : trainer_step.py, the small-model cases against every TRL side (BENCH, MODE, SIDES, STEPS), background
 #   long   : trainer_step.py at 7-8B shapes with LoRA, 4k-32k tokens per sequence (MODELS, LENGTHS, SIDES), background
 #   small-step: trainer_step.py's small step at the defaults (SmolLM2-135M LoRA, 128 rollouts), profiled (TAG), background
+#   usersize: issue 76's end-to-end benchmark at user sizes on one shared GPU: benchmarks/learning.py --env fixed-length
+#            (every rollout samples MAXTOK tokens, default 512) on random weights of MODEL_CONFIG's real shape and
+#            vocabulary (default qwen3-1.7b; make_random_model.py --pad-vocab), ADAPTER full (default) or lora (r16),
+#            16 prompts x 16 rollouts, micro batch 16 on both sides, STEPS (default 12: 2 warm-up + 10 timed), no
+#            evaluations; each side of SIDES (default vf-rl,trl-liger) in a run of its own (LIMIT s, default 900), then
+#            one table and JSON of all (/tmp/e2e/usersize-MODEL-ADAPTER-MAXTOK.json); background (FG=1 in a plan)
 #   learning: benchmarks/learning.py (ENV, default reverse-text, or several run in turn; TAG; MINUTES, default 8; SIDES, default
 #            vf-rl,trl-compile; EXTRA), one shared GPU and TRL colocate (TRL_VLLM=server and EXTRA without --shared
 #            for 2 GPUs), started in the background (setsid) so that it outlives this run; `poll` waits for it
@@ -197,6 +203,26 @@ learning)  # ENV may list several environments: they run one after another (TAG 
   done
   background "$cmd"
   ;;
+usersize)
+  m=${MODEL_CONFIG:-qwen3-1.7b}; kind=${ADAPTER:-full}; tok=${MAXTOK:-512}; name=usersize-$m-$kind-$tok${TAG:-}
+  mkdir -p /tmp/e2e; rm -rf /tmp/e2e/$name /tmp/e2e/$name-*
+  src=/tmp/smol; [ -f $src/tokenizer.json ] || src=$(dirname "$(find /tmp/chunks -name tokenizer.json | head -1)")
+  [ -f /tmp/real-$m/config.json ] || run make-$m 400 python3 scripts/gpu/make_random_model.py --config $m \
+    --tokenizer $src --pad-vocab --out /tmp/real-$m
+  [ $kind = full ] && flags="--full-weights --lr 1e-6" || flags="--lora-rank 16 --lora-alpha 16 --lr 1e-5"
+  cmd=""
+  for side in ${SIDES//,/ }; do  # a side that fails or runs out of time leaves the others' results
+    cmd+="nvidia-smi --query-gpu=memory.used --format=csv,noheader > /tmp/e2e/$name-$side.log; \
+      timeout ${LIMIT:-900} python3 benchmarks/learning.py --env fixed-length --device gpu --shared --trl-vllm colocate \
+      --model /tmp/real-$m --max-tokens $tok --prompts 16 --rollouts 16 --micro-batch 16 --trl-micro-batch 16 \
+      --steps ${STEPS:-12} --warmup 1 --minutes 60 --no-eval $flags --sides $side ${EXTRA:-} \
+      --json /tmp/e2e/$name-$side.json --out /tmp/e2e/$name-$side >> /tmp/e2e/$name-$side.log 2>&1 \
+      || tmux kill-server 2>/dev/null; sleep 5; "  # a timed-out vf-rl side leaves its tmux panes: end them
+  done
+  cmd+="python3 benchmarks/learning.py \$(for s in ${SIDES//,/ }; do f=/tmp/e2e/$name-\$s.json; [ -f \$f ] && \
+    echo --from-json \$f; done) --json /tmp/e2e/$name.json > /tmp/e2e/$name.table.txt 2>&1"
+  background "$cmd"
+  ;;
 warmup)  # vf-sft (configs/vf-sft/$ENV.toml, ENV default reverse-text, model /tmp/smol), then the learning benchmark on
   # that environment from the warmed-up model with few_shot = 0 (SIDES default vf-rl, e.g. vf-rl,trl-liger: every side
   # starts from the same warmed-up model; MINUTES default 15; EVAL_EVERY steps between held-out evals of vf-rl)
@@ -346,7 +372,9 @@ plan)  # PLAN=scripts/gpu/plans/NAME.sh: a bash file of lanes (subshells in the 
   ;;
 poll)  # waits for the background runs (POLL_S seconds at most), then packs what they wrote so far into
   # $OUT/e2e.tgz (one file: $OUT brings back 8 at most) and prints the logs' tails
-  busy="benchmarks/learning.py|vf_rl.sft.cli|trainer_step.py|vf_rl.launcher.launch|scripts/gpu/plans/"
+  # a plan runs as `bash scripts/gpu/plans/NAME.sh`: the pattern leaves out the `PLAN=scripts/gpu/plans/...` of the
+  # call that started it (its shell would otherwise keep the poll waiting its whole POLL_S)
+  busy="benchmarks/learning.py|vf_rl.sft.cli|trainer_step.py|vf_rl.launcher.launch|bash scripts/gpu/plans/"
   for i in $(seq 1 ${POLL_S:-560}); do pgrep -f "$busy" > /dev/null || break; sleep 1; done
   pgrep -f "$busy" > /dev/null && echo "still running"
   P=/tmp/poll; rm -rf $P; mkdir -p $P

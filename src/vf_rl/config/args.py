@@ -89,6 +89,7 @@ class RLArgs:
     mask_ratio_high: float = field(default=8.0, metadata={"help": "loss_type = \"cispo\": drop tokens whose importance ratio is above this."})
     mask_env_responses: bool = field(default=True, metadata={"help": "Exclude environment-written tokens from the loss."})
     preflight: str = field(default="warn", metadata={"help": "Check the first batch of a run (not of a resumed one) before training on it, as `vf-rl @ cfg --preflight` does (vf_rl.orchestrator.preflight): \"warn\" prints the verdict (baseline reward, groups without spread, truncation, failures) and goes on, \"strict\" stops the run when the verdict is failing, too_hard or no_spread, \"off\" skips it. It only reads the batch the run generates anyway."})
+    health_stop: list[str] | None = field(default=None, metadata={"help": "Health rules whose alarm ends the run (docs/health.md): a checkpoint of that step (it resumes with --resume), the rule's line as the reason, exit status 7. Any of errors, mismatch, entropy_collapse, held_out_drop, length_growth, repeated_completions, no_signal, grad_spike. None (or []): every alarm is printed in the Trainer pane and logged (health/<rule>), and the run goes on."})
     mask_truncated_completions: bool = field(default=False, metadata={"help": "Exclude truncated rollouts (a turn cut off at max_tokens, or longer than max_seq_len) from the loss."})
     zero_truncated_completions: bool = field(default=False, metadata={"help": "Give truncated rollouts (cut off at max_tokens, or longer than max_seq_len) reward 0."})
     # Sampling
@@ -107,6 +108,8 @@ class RLArgs:
     vllm_server_timeout: float = field(default=300.0, metadata={"help": "Seconds to wait for the server to come up."})
     generation_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for generating one batch; rollouts not finished by then count as errors."})
     request_timeout: float = field(default=600.0, metadata={"help": "Seconds allowed for one request to the inference server (a chat completion)."})
+    stall_warning_timeout: float = field(default=120.0, metadata={"help": "Seconds a wait on another process (the trainer on the orchestrator's batch or on a weight push, the orchestrator on vLLM) may go without progress (no rollout done, no request answered, no token generated) before the watchdog prints one line naming who waits on whom for what, with the other side's state (docs/faults.md)."})
+    stall_timeout: float = field(default=480.0, metadata={"help": "Seconds such a wait may go without progress before the run stops with the watchdog's line as its reason, a checkpoint of the last complete step and exit status 5 (vf-train --resume goes on from it). Below generation_timeout, so that a stopped server is named rather than counted as timed-out rollouts."})
     # Weight sync
     weight_sync: str = field(default="auto", metadata={"help": "How new weights reach vLLM: \"filesystem\" (a safetensors file), \"nccl\" (GPU-to-GPU broadcast; trainer and server on different GPUs), \"ipc\" (CUDA IPC; trainer and server on one GPU), \"lora\" (adapter only, hot-loaded) or \"auto\" (nccl when the trainer and vLLM are on different GPUs of this machine, ipc when they share the trainer's GPU, else filesystem)."})
     weight_sync_port: int = field(default=0, metadata={"help": "TCP port for forming the NCCL weight-sync group (0: a free port)."})
@@ -133,6 +136,7 @@ class RLArgs:
     num_eval_examples: int = field(default=64, metadata={"help": "Examples of the environment's eval split used per evaluation (-1: all)."})
     eval_rollouts_per_example: int | None = field(default=None, metadata={"help": "Rollouts per eval example (default rollouts_per_example)."})
     logging_steps: float = field(default=1, metadata={"help": "Log every N steps."})
+    log_rollouts_every: int = field(default=5, metadata={"help": "Write the rollouts of step 1, of every N-th step and of the last to <output_dir>/rollouts/step-NNNNNN.jsonl.gz, one JSON line per rollout: group, prompt, completion, expected answer, reward, advantage (vf-rl view shows them). 0: none."})
     report_to: Any = field(default="none", metadata={"help": "\"none\" or \"wandb\"."})
     wandb: dict | None = field(default=None, metadata={"help": "[trainer.args.wandb] table: project, name (with report_to = \"wandb\")."})
     bf16: bool | None = field(default=None, metadata={"help": "bfloat16 training; default on with CUDA, off on the CPU."})

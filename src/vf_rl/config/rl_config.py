@@ -14,7 +14,8 @@ from transformers import TrainingArguments
 
 from vf_rl.config.args import SAMPLING_DEFAULTS, RLArgs, SamplingArgs, rl_fields
 from vf_rl.config.defaults import DERIVED_FROM, origin, resolve_trainer_args
-from vf_rl.config.rules import check_trainer_args, check_types
+from vf_rl.config.errors import suggest
+from vf_rl.config.rules import check_trainer_args, check_types, trl_name_hint
 
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -28,9 +29,20 @@ class RLConfig(RLArgs, TrainingArguments):
     in rollouts (samples). ``__post_init__`` maps the older key names, checks types and the rules
     between keys with the same code as the TOML path (``config/rules.py``), fills the derived
     defaults (``defaults.resolve_trainer_args``) and raises ``ConfigError`` (a ``ValueError``)
-    naming the key. Sampling keys left ``None`` are filled by the trainer from the environment
+    naming the key; an unknown keyword raises ``TypeError`` with TRL's name of the key or the
+    nearest name (``RLConfig(max_completion_length=...)`` points to ``max_tokens``). Sampling keys
+    left ``None`` are filled by the trainer from the environment
     (else ``args.SAMPLING_DEFAULTS``).
     """
+
+    def __new__(cls, *args, **kwargs):
+        # an unknown keyword gets the TOML path's hints (TRL's name of a key, the nearest name) in
+        # place of the dataclass's bare "unexpected keyword argument"
+        known = {f.name for f in dataclasses.fields(cls) if f.init}
+        for key in kwargs.keys() - known:
+            hint = trl_name_hint(key) or suggest(key, known)
+            raise TypeError(f"RLConfig: unknown argument '{key}'{hint}")
+        return super().__new__(cls)
 
     def __post_init__(self):
         import importlib.util

@@ -25,6 +25,9 @@ from vf_rl.config.training_arguments import training_arguments_types
 
 WEIGHT_SYNC_CHOICES = ("auto", "filesystem", "nccl", "ipc", "lora")
 PREFLIGHT_CHOICES = ("warn", "strict", "off")
+HEALTH_RULES = ("errors", "mismatch", "entropy_collapse", "held_out_drop", "length_growth", "repeated_completions",
+                "no_signal", "grad_spike")
+"""The health rules (``trainer/health.py``), the names ``health_stop`` takes."""
 LOSS_TYPES = tuple(builtin_functions("loss"))
 """Built-in losses (their options in ``choices.py`` name their functions); ``"module:function"`` names another."""
 ADVANTAGE_TYPES = tuple(builtin_functions("advantage"))
@@ -144,9 +147,13 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
     p = prefix
     for key in ("batch_size", "micro_batch_size", "rollouts_per_example", "max_seq_len", "max_tokens",
                 "max_prompt_len", "max_steps", "max_concurrent", "generation_timeout", "request_timeout",
-                "vllm_server_timeout", "weight_sync_bucket_mb", "lora_rank", "eval_rollouts_per_example"):
+                "vllm_server_timeout", "weight_sync_bucket_mb", "lora_rank", "eval_rollouts_per_example",
+                "stall_warning_timeout", "stall_timeout"):
         if a[key] is not None and a[key] <= 0:
             raise ConfigError(f"{p}{key}: must be positive, got {a[key]}")
+    if a["stall_warning_timeout"] >= a["stall_timeout"]:
+        raise ConfigError(f"{p}stall_warning_timeout ({a['stall_warning_timeout']}) must be below stall_timeout "
+                          f"({a['stall_timeout']}): the watchdog warns before it stops the run")
     if a["rollouts_per_example"] < 2:
         raise ConfigError(f"{p}rollouts_per_example: must be at least 2 (advantages compare rollouts of one "
                           f"prompt), got {a['rollouts_per_example']}")
@@ -198,6 +205,9 @@ def check_trainer_args(a: dict[str, Any], world_size: int, has_gpu: bool, prefix
                           "weights inside the layers vf-rl compiles); leave torch_compile unset or false")
     if a["preflight"] not in PREFLIGHT_CHOICES:
         raise ConfigError(f"{p}preflight: expected one of {', '.join(PREFLIGHT_CHOICES)}, got {a['preflight']!r}")
+    unknown = [name for name in a.get("health_stop") or () if name not in HEALTH_RULES]
+    if unknown:
+        raise ConfigError(f"{p}health_stop: unknown rule {unknown[0]!r}; the rules are {', '.join(HEALTH_RULES)}")
     kind = a["weight_sync"]
     if kind not in WEIGHT_SYNC_CHOICES:
         raise ConfigError(f"{p}weight_sync: expected one of {', '.join(WEIGHT_SYNC_CHOICES)}, got {kind!r}")
@@ -323,6 +333,7 @@ def check_sampling_and_lora(a: dict[str, Any], p: str = "") -> None:
               ("warmup_steps", a.get("warmup_steps", 0) >= 0, "warmup_steps >= 0"),
               ("save_steps", a["save_steps"] > 0, "save_steps > 0"),
               ("logging_steps", a["logging_steps"] > 0, "logging_steps > 0"),
+              ("log_rollouts_every", a["log_rollouts_every"] >= 0, "log_rollouts_every >= 0 (0: none)"),
               ("num_eval_examples", a["num_eval_examples"] == -1 or a["num_eval_examples"] > 0,
                "num_eval_examples > 0, or -1 for all")]
     for key, ok, expected in ranges:

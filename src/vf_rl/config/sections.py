@@ -37,6 +37,8 @@ class OrchestratorConfig:
         generation_timeout: seconds allowed for one batch; rollouts still running then are
             counted as errors.
         request_timeout: seconds allowed for one request to the server.
+        stall_warning_timeout, stall_timeout: seconds a wait on the orchestrator may go without
+            progress before the watchdog's line, and before the run stops (``vf_rl.watchdog``).
         mask_truncated_completions: truncated completions (cut at ``max_tokens``, or longer than
             ``max_seq_len``) get no loss tokens.
         zero_truncated_completions: truncated completions get reward 0.
@@ -51,6 +53,8 @@ class OrchestratorConfig:
     max_concurrent: int = 1024
     generation_timeout: float = 600.0
     request_timeout: float = 600.0
+    stall_warning_timeout: float = 120.0
+    stall_timeout: float = 480.0
     mask_truncated_completions: bool = False
     zero_truncated_completions: bool = False
     mask_env_responses: bool = True
@@ -65,6 +69,7 @@ class OrchestratorConfig:
         return cls(batch_size=args.batch_size, rollouts_per_example=args.rollouts_per_example,
                    sampling_args=args.sampling_args(), max_seq_len=args.max_seq_len,
                    max_concurrent=args.max_concurrent, generation_timeout=args.generation_timeout,
-                   request_timeout=args.request_timeout, mask_truncated_completions=args.mask_truncated_completions,
+                   request_timeout=args.request_timeout, stall_warning_timeout=args.stall_warning_timeout,
+                   stall_timeout=args.stall_timeout, mask_truncated_completions=args.mask_truncated_completions,
                    zero_truncated_completions=args.zero_truncated_completions,
                    mask_env_responses=args.mask_env_responses, filtering=filtering)

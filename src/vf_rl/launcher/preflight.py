@@ -6,8 +6,12 @@ before the run.
 Reads the same resolved config the run would use, starts vf-vllm the way ``vf-rl`` starts it
 (same flags, GPUs and CPU cores, from a ``resolved.toml`` in a temporary directory), or uses the
 running server at ``--base-url`` (its OpenAI root, ``http://host:port/v1``), runs the report on
-the run's first ``N`` training prompts (default 16 groups), prints it, writes it to ``--json``
-as one JSON object, and stops the server it started. Nothing is written to ``output_dir``.
+the run's first ``N`` training prompts (default 16 groups, at least one batch), then, with the
+server it started, the run's trainer for its first steps (``run_time.measure_steps``: the time
+estimate for ``max_steps``), prints the report with every problem ranked, writes it to
+``--json`` as one JSON object, and stops the server it started. Nothing is written to
+``output_dir``. With ``--base-url`` the training steps are not run (they would push trained
+weights to that server), so the report has no time estimate.
 
 Exit status: 0 the report was made, whatever its verdict; 1 the check could not run (the server
 did not start or answer, the environment could not be loaded or run, every rollout failed), with
@@ -22,13 +26,17 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import psutil
 
 from vf_rl.config.layout import LOOPBACK
 from vf_rl.config.schema import ConfigError, VfRlConfig
 
 EXIT_CHECK_FAILED = 1
 DEFAULT_PROMPTS = 16
+STEPS_TIMEOUT_S = 1800  # the measured training steps' own time, beyond the trainer's wait for the server
 
 
 class PreflightError(RuntimeError):
@@ -63,11 +71,16 @@ def start_server(config: VfRlConfig, config_path: Path, workdir: Path, timeout: 
     if wait_for_server(process, url, timeout):
         return process
     if process.poll() is not None:
-        tail = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1:]
-        raise PreflightError(f"the inference server exited with status {process.returncode}"
-                             + (f": {tail[0][-300:]}" if tail else ""))
+        raise PreflightError(f"the inference server exited with status {process.returncode}: {_last_line(workdir)}")
     stop_server(process)
     raise PreflightError(f"the inference server did not answer {url} within {timeout:.0f} s")
+
+
+def _last_line(workdir: Path) -> str:
+    """The last non-empty line of the server's ``workdir/inference.log`` (300 characters at most)."""
+    log = workdir / "inference.log"
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()] if log.exists() else []
+    return lines[-1][-300:] if lines else "(no output)"
 
 
 def stop_server(process: subprocess.Popen) -> None:
@@ -104,14 +117,15 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
     """Run the pre-flight of ``config`` and print its report; the exit status (see the module)."""
     if prompts is not None and prompts < 1:
         raise ConfigError(f"--preflight-prompts must be at least 1, got {prompts}")
-    if base_url is None:  # the launch's own GPU check, before the environment and the model load
-        from vf_rl.config.gpus import visible_gpus
-        from vf_rl.launcher.launch import check_gpus
+    from vf_rl.config.gpus import visible_gpus
+    from vf_rl.launcher.launch import check_gpus
 
+    if base_url is None:  # the launch's own GPU check, before the environment and the model load
         check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
     from vf_rl.config.rl_config import RLConfig, resolve_temperature
     from vf_rl.env_api.registry import load_environments
-    from vf_rl.orchestrator.preflight import format_report, run
+    from vf_rl.launcher.run_time import MEASURED_STEPS, estimate, measure_steps, time_lines
+    from vf_rl.orchestrator.preflight import format_report, rank, run
 
     try:
         args = RLConfig(**config.trainer.args)
@@ -123,15 +137,29 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
 
     tokenizer = AutoTokenizer.from_pretrained(config.model)
     model = config.inference.args.get("served_model_name") or config.model
+    timing: dict = ({"skipped": "--base-url (the training steps would push trained weights to that server)"}
+                    if base_url is not None else
+                    {"skipped": "trainer.nodes > 1 (run the pre-flight on one node's config)"}
+                    if config.trainer.nodes > 1 else {})
+    server_exit = ""
+    # SIGTERM (a terminal closed, a job stopped) as an exit: the finally blocks stop the server and the trainer
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     with tempfile.TemporaryDirectory(prefix="vf-rl-preflight-") as tmp:
         process = None
         try:
             if base_url is None:
                 print(f"vf-rl: pre-flight: starting the inference server for {config.model} ...", flush=True)
+                launcher_s, begun = time.time() - psutil.Process().create_time(), time.perf_counter()
                 process = start_server(config, config_path, Path(tmp), args.vllm_server_timeout)
+                timing = {**timing, "launcher_s": launcher_s, "server_start_s": time.perf_counter() - begun}
                 host, port = config.server_address()
                 base_url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/v1"
             report = run(env, args, tokenizer, base_url.rstrip("/"), model, prompts or DEFAULT_PROMPTS)
+            if process is not None and "skipped" not in timing and report["failures"]["share"] < 1.0:
+                print(f"vf-rl: pre-flight: running the run's trainer for its first {MEASURED_STEPS} steps "
+                      "(the time estimate) ...", flush=True)
+                gpus = check_gpus(config, visible_gpus(), dry_run=False, config_path=config_path)
+                timing |= measure_steps(config, gpus, Path(tmp), args.vllm_server_timeout + STEPS_TIMEOUT_S, process)
         except PreflightError as exc:
             print(f"vf-rl: pre-flight: error: {exc}", file=sys.stderr)
             return EXIT_CHECK_FAILED
@@ -143,14 +171,22 @@ def preflight(config: VfRlConfig, config_path: Path, prompts: int | None, base_u
             return EXIT_CHECK_FAILED
         finally:
             if process is not None:
+                exited = process.poll()  # the server died during the pre-flight (its log goes with the directory)
+                if exited is not None:
+                    server_exit = f"; the inference server exited with status {exited}: {_last_line(Path(tmp))}"
+                begun = time.perf_counter()
                 stop_server(process)
+                timing["server_stop_s"] = time.perf_counter() - begun
     if report["failures"]["share"] == 1.0:  # nothing was measured: the check itself could not run
         kind, message = next(iter(report["failures"]["first"].items()))
-        print(f"vf-rl: pre-flight: error: every rollout failed; the first ({kind}): {message}", file=sys.stderr)
+        print(f"vf-rl: pre-flight: error: every rollout failed; the first ({kind}): {message}{server_exit}",
+              file=sys.stderr)
         return EXIT_CHECK_FAILED
     report = {"config": str(config_path), "model": config.model, "env": ", ".join(e.id for e in config.envs), **report,
-              "memory": memory_report(config, report["lengths"])}
-    print(format_report(report))
+              "memory": memory_report(config, report["lengths"]), "timing": timing}
+    report["estimate"] = estimate(config, args, report, len(os.sched_getaffinity(0)))
+    rank(report)  # again, with the memory estimate and the measured steps
+    print(format_report(report, time_lines(report, args.max_steps)))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -74,7 +74,8 @@ def prepare(out: Path) -> Path:
         print(f"vf-rl prepare-model: {out} is ready (already prepared)")
         return out
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_gguf()
     start = time.perf_counter()
@@ -84,8 +85,10 @@ def prepare(out: Path) -> Path:
     try:
         kwargs = dict(gguf_file=gguf.name)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
-        quantized = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True), **kwargs)
+        # transformers 5 dequantizes a GGUF file when asked (GgufConfig); 4.x always dequantizes it
+        gguf_config = getattr(transformers, "GgufConfig", None)
+        quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, **kwargs, **(
+            {"quantization_config": gguf_config(gguf_file=gguf.name, dequantize=True)} if gguf_config else {}))
         config = AutoConfig.from_pretrained(gguf.parent, **kwargs)
         config.dtype = torch.bfloat16
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)

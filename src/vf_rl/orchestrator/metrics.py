@@ -11,7 +11,10 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
 
     Returns:
         ``reward`` (mean), ``reward/std``, ``reward/within_group_std`` (mean over groups of the
-        std within a group: 0 means no group has anything to learn from), ``reward/<func>`` per
+        std within a group: 0 means no group has anything to learn from), ``reward/zero_std_fraction``
+        (the share of groups whose rewards are all equal, TRL's ``frac_reward_zero_std``: their
+        advantages are 0), ``completions/duplicate_fraction`` (the share of rollouts, failed ones
+        left out, whose completion tokens repeat another rollout's of their group), ``reward/<func>`` per
         reward function, ``errors/rate`` and ``errors/<kind>`` (the share of rollouts that failed,
         in all and per kind of :data:`vf_rl.env_api.errors.KINDS`, the kinds present when some
         rollout failed), ``truncated/rate``, ``turns/mean`` (model turns), ``tokens/completion``
@@ -24,6 +27,8 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
         "reward": statistics.fmean(rewards),
         "reward/std": statistics.pstdev(rewards),
         "reward/within_group_std": statistics.fmean(statistics.pstdev(g) for g in groups),
+        "reward/zero_std_fraction": statistics.fmean(float(max(g) - min(g) <= 1e-9) for g in groups),
+        "completions/duplicate_fraction": duplicate_fraction(rollouts, group_size),
         "errors/rate": statistics.fmean(float(r.error is not None) for r in rollouts),
         "truncated/rate": statistics.fmean(float(r.is_truncated) for r in rollouts),
         "turns/mean": statistics.fmean(len(r.turns) for r in rollouts),
@@ -41,6 +46,23 @@ def rollout_metrics(rollouts, group_size: int) -> dict[str, float]:
     for name in sorted({name for r in rollouts for name in r.metrics}):
         metrics[f"reward/{name}"] = statistics.fmean(r.metrics.get(name, 0.0) for r in rollouts)
     return metrics
+
+
+def duplicate_fraction(rollouts, group_size: int) -> float:
+    """The share of ``rollouts`` (grouped ``group_size`` at a time; failed ones left out) whose
+    completion token ids, all model turns together, equal those of an earlier rollout of their
+    group; 0.0 when none is left."""
+    repeated = counted = 0
+    for i in range(0, len(rollouts), group_size):
+        seen = set()
+        for r in rollouts[i:i + group_size]:
+            if r.error is not None:
+                continue
+            tokens = tuple(t for turn in r.turns for t in turn.completion_ids)
+            repeated += tokens in seen
+            counted += 1
+            seen.add(tokens)
+    return repeated / counted if counted else 0.0
 
 
 def env_metrics(rows: list[dict], rollouts, group_size: int) -> dict[str, float]:

@@ -24,10 +24,12 @@ from vf_rl.algorithm.advantage import AdvantageFn, compute_advantages, group_mea
 from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.env_api.errors import AllRolloutsFailed
-from vf_rl.inference.client import openai_client
+from vf_rl.inference.client import openai_client, request_count
 from vf_rl.orchestrator.filtering import DifficultyFilter
 from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
 from vf_rl.orchestrator.samples import Sample, exceeds_max_seq_len, rollout_to_samples
+from vf_rl.orchestrator.watch import EVAL, orchestrator_watch
+from vf_rl.watchdog import Limits, Watch, wait_watched
 
 SERVER_ERRORS = ("APIConnectionError",)
 """Exception names in a rollout's error that mean the server could not be reached (it died or
@@ -46,6 +48,7 @@ class Batch:
             ``tokens/completion``, ``errors/rate``, ``timing/generation_s``...
         row_ids: the dataset index of each prompt of the batch.
         server_errors: rollouts that failed because the server could not be reached.
+        advantages: each rollout's advantage, in the order of ``rollouts`` (empty when not computed).
     """
 
     step: int
@@ -54,6 +57,7 @@ class Batch:
     metrics: dict[str, float] = field(default_factory=dict)
     row_ids: list = field(default_factory=list)
     server_errors: int = 0
+    advantages: list[float] = field(default_factory=list)
 
 
 def batch_rows(rows: list[dict], step: int, prompts_per_batch: int) -> list[dict]:
@@ -64,16 +68,24 @@ def batch_rows(rows: list[dict], step: int, prompts_per_batch: int) -> list[dict
 
 
 def report_progress(future: Future, progress: Callable[[], int], total: int,
-                    on_progress: Callable[[int, int], None] | None) -> None:
+                    on_progress: Callable[[int, int], None] | None, watch: Watch | None = None) -> None:
     """Until ``future`` is done, call ``on_progress(progress(), total)`` about once a second, and
-    once more at the end if it was called at all (a batch ready at once prints nothing)."""
+    once more at the end if it was called at all (a batch ready at once prints nothing), and
+    ``watch.check()`` as often.
+
+    Raises:
+        Stalled: from the watch (``vf_rl.watchdog``).
+    """
     waited = False
-    while on_progress is not None and not future.done():
+    while (on_progress is not None or watch is not None) and not future.done():
         try:
             future.result(timeout=1.0)
         except FutureTimeout:
-            on_progress(progress(), total)
-            waited = True
+            if watch is not None:
+                watch.check()
+            if on_progress is not None:
+                on_progress(progress(), total)
+                waited = True
         except Exception:
             break  # the caller raises it
     if waited:
@@ -99,6 +111,9 @@ class OrchestratorInterface(Protocol):
     def progress(self, step: int) -> int:
         """Rollouts of batch ``step`` finished so far."""
 
+    def state(self, step: int | None) -> dict:
+        """How the orchestrator stands while batch ``step`` is waited for (the watchdog's look)."""
+
     def wait_idle(self) -> None:
         """Wait until no batch is being generated."""
 
@@ -111,6 +126,14 @@ class OrchestratorInterface(Protocol):
 
 INTERFACE = tuple(name for name in vars(OrchestratorInterface) if not name.startswith("_"))
 """The methods of :class:`OrchestratorInterface`: what the orchestrator's process serves."""
+
+
+async def _cancel_tasks() -> None:
+    """Cancel every other task of the running loop and wait until they have ended."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Orchestrator:
@@ -144,17 +167,22 @@ class Orchestrator:
         self.mask_env_responses = c.mask_env_responses
         self.difficulty_filter = difficulty_filter or (DifficultyFilter(**vars(c.filtering)) if c.filtering else None)
         self._futures: dict[int, Future] = {}
-        self._done: dict[int, int] = {}  # step -> rollouts finished so far (progress)
+        self._done: dict[int, int] = {}  # step -> rollouts finished so far (progress); EVAL: the evaluation's
+        self._totals: dict[int, int] = {EVAL: 0}  # step -> rollouts asked for
+        self._policy_step: int | None = None  # the weights the server holds (the last batch's policy_step)
+        self.limits: Limits | None = Limits.of(c)  # the trainer's waits on this orchestrator (watch.py)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vf-rl-orchestrator", daemon=True)
         self._thread.start()
         urls = [base_url] if isinstance(base_url, str) else list(base_url)
-        self.clients = [self._call(self._make_client(url, api_key, c.request_timeout)) for url in urls]
+        self._counts = [request_count() for _ in urls]  # requests in flight and answered, per server
+        self.clients = [self._call(self._make_client(url, api_key, c.request_timeout, count))
+                        for url, count in zip(urls, self._counts)]
         self.active = set(range(len(self.clients)))  # servers with the current weights, answering
         self._in_flight = [0] * len(self.clients)
 
-    async def _make_client(self, base_url: str, api_key: str, request_timeout: float):
-        return openai_client(base_url, api_key, request_timeout)
+    async def _make_client(self, base_url: str, api_key: str, request_timeout: float, count=None):
+        return openai_client(base_url, api_key, request_timeout, count)
 
     def set_active(self, servers) -> None:
         """Send rollouts only to these servers (indices): the trainer calls it after each
@@ -186,7 +214,9 @@ class Orchestrator:
                 being pushed); its error is left to whoever pushed it.
         """
         if step not in self._futures:
+            self._policy_step = step if policy_step is None else policy_step
             staleness = step - (step if policy_step is None else policy_step)
+            self._totals[step] = self.batch_size
             self._futures[step] = asyncio.run_coroutine_threadsafe(self._generate(step, staleness, after), self._loop)
 
     def wait(self, step: int, on_progress: Callable[[int, int], None] | None = None) -> Batch:
@@ -198,32 +228,68 @@ class Orchestrator:
         Raises:
             RuntimeError: every rollout of the batch failed.
             TimeoutError: the environment did not return within ``generation_timeout`` + 60 s.
+            Stalled: no progress for ``stall_timeout`` s (``vf_rl.watchdog``).
         """
         self.submit(step)
         future = self._futures[step]
-        report_progress(future, lambda: self.progress(step), self.batch_size, on_progress)
-        del self._futures[step]
+        report_progress(future, lambda: self.progress(step), self.batch_size, on_progress,
+                        self.watch(step, f"batch {step + 1}"))
         try:
             return future.result(timeout=self.generation_timeout + 60)  # generate() itself stops at the timeout
         except FutureTimeout:
             raise TimeoutError(f"batch {step}: the environment did not return within generation_timeout "
                                f"({self.generation_timeout:.0f} s) + 60 s") from None
+        finally:
+            self._futures.pop(step, None)  # taken (in flight until then: state() shows it)
 
     def progress(self, step: int) -> int:
         """Rollouts of batch ``step`` finished so far."""
         return self._done.get(step, 0)
 
+    def state(self, step: int | None) -> dict:
+        """How the orchestrator stands while batch ``step`` (``watch.EVAL``: the evaluation;
+        ``None``: every batch in flight) is waited for: ``step``, ``done`` and ``total`` rollouts,
+        the ``batches`` in flight, the ``policy_step`` whose weights the server holds, and per
+        server its ``url``, requests ``in_flight``, ``answered`` so far and ``quiet_s`` (seconds
+        since the last answer)."""
+        batches, done, totals = sorted(self._futures.copy()), self._done.copy(), self._totals.copy()
+        steps = batches if step is None else [step]
+        return {"step": step, "done": sum(done.get(s, 0) for s in steps),
+                "total": sum(totals.get(s, self.batch_size) for s in steps),
+                "batches": batches, "policy_step": self._policy_step,
+                "servers": [{"url": str(client.base_url).rstrip("/"), "in_flight": count.in_flight,
+                             "answered": count.answered, "quiet_s": count.quiet_s()}
+                            for client, count in zip(self.clients, self._counts)]}
+
+    def watch(self, step: int, what: str) -> Watch | None:
+        """The watch of a wait on this orchestrator for ``what`` (``watch.py``)."""
+        return orchestrator_watch(lambda: self.state(step), what, self.limits)
+
     def wait_idle(self) -> None:
-        """Block until no batch is being generated (results stay available to ``wait``)."""
+        """Block until no batch is being generated (results stay available to ``wait``).
+
+        Raises:
+            Stalled: a batch made no progress for ``stall_timeout`` s."""
+        watch = self.watch(None, "the batches in flight (before an evaluation)")
         for future in list(self._futures.values()):
-            try:
-                future.result()
-            except Exception:
-                pass  # wait() re-raises it for the step that needs it
+            report_progress(future, lambda: 0, self.batch_size, None, watch)
 
     def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
-        """Roll out ``rows`` now (blocking), outside the training batches: for evaluation."""
-        rollouts, _ = self._call(self._rollouts(rows, rollouts_per_example))
+        """Roll out ``rows`` now (blocking), outside the training batches: for evaluation.
+
+        Raises:
+            Stalled: no progress for ``stall_timeout`` s."""
+        self._done[EVAL], self._totals[EVAL] = 0, len(rows) * rollouts_per_example
+
+        def on_done(_rollout):
+            self._done[EVAL] += 1
+
+        future = asyncio.run_coroutine_threadsafe(self._rollouts(rows, rollouts_per_example, on_done), self._loop)
+        try:
+            rollouts, _ = wait_watched(future, self.watch(EVAL, "the evaluation's rollouts"))
+        except BaseException:
+            future.cancel()
+            raise
         return rollouts
 
     async def _rollouts(self, rows: list[dict], rollouts_per_example: int, on_done=None) -> tuple[list, list[int]]:
@@ -315,13 +381,17 @@ class Orchestrator:
         if len(self.clients) > 1:
             metrics |= {f"servers/{s}/rollouts": float(servers.count(s)) for s in range(len(self.clients))}
             metrics["servers/active"] = float(len(self.active))
-        return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows], server_errors)
+        return Batch(step, samples, rollouts, metrics, [row.get("row_id") for row in rows], server_errors,
+                     [float(a) for a in advantages])
 
     def close(self) -> None:
         """Cancel pending batches and stop the background loop."""
         for future in self._futures.values():
             future.cancel()
+        with contextlib.suppress(Exception):  # every task of the loop ended, its error taken (none left pending)
+            self._call(_cancel_tasks(), timeout=10)
         for client in self.clients:
-            self._call(client.close(), timeout=10)
+            with contextlib.suppress(Exception):  # a stopped server: its requests are cancelled, not awaited
+                self._call(client.close(), timeout=10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)

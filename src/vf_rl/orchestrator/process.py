@@ -11,6 +11,10 @@ the same methods. The environment is rebuilt there from the recipe ``load_enviro
 
 The weight-sync gate stays in the trainer: a batch submitted ``after`` a weight push is sent
 to the process only once the push is done.
+
+The trainer's waits on the process are watched (``watch.py``): its look asks the process for its
+state, and a process that does not answer (stopped, hung) counts as no progress. Closing it
+kills a process that does not answer.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import multiprocessing
 import pickle
 import sys
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from multiprocessing.managers import BaseManager, RemoteError
 from typing import Callable
@@ -28,7 +32,12 @@ from typing import Callable
 from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.orchestrator.orchestrator import INTERFACE, Batch, Orchestrator, report_progress
+from vf_rl.orchestrator.watch import EVAL, orchestrator_watch
 from vf_rl.parent_watch import kill_children, start_parent_watch
+from vf_rl.watchdog import Limits, in_daemon, wait_watched
+
+CLOSE_S = 30.0
+"""Seconds the process may take to close before it is killed (it does not answer: stopped, hung)."""
 
 
 def env_source(env: Environment, options: dict | None = None):
@@ -85,7 +94,11 @@ def _pickles(value) -> bool:
 class HostedOrchestrator(Orchestrator):
     """The orchestrator as its process holds it (the trainer calls :data:`INTERFACE` on it): the
     rollouts it returns carry only state that pickles, and closing it stops what the environment
-    started there."""
+    started there. Its waits are not watched here: the trainer, which waits on it, watches them."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = None
 
     def wait(self, step: int, on_progress=None) -> Batch:
         batch = super().wait(step)
@@ -145,7 +158,6 @@ class OrchestratorProcess:
             self._manager.start(_build, (source, rows))
         self._remote = None
         self._gates: dict[int, threading.Thread] = {}  # batches waiting for a weight push before they are sent
-        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="vf-rl-orchestrator-wait")
 
     def start(self, **kwargs) -> OrchestratorProcess:
         """Build the orchestrator in the process; returns ``self``.
@@ -158,6 +170,7 @@ class OrchestratorProcess:
                 to load there); the message names the cause, and the process is stopped.
         """
         self.batch_size = kwargs["config"].batch_size
+        self.limits = Limits.of(kwargs["config"])
         try:
             self._remote = self._manager.HostedOrchestrator(kwargs)
         except Exception as exc:
@@ -177,6 +190,13 @@ class OrchestratorProcess:
         """As ``Orchestrator.progress``."""
         return self._remote.progress(step)
 
+    def state(self, step: int | None) -> dict:
+        """As ``Orchestrator.state`` (blocks while the process does not answer)."""
+        return self._remote.state(step)
+
+    def _watch(self, step: int | None, what: str):
+        return orchestrator_watch(lambda: self._remote.state(step), what, self.limits)
+
     def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
         """As ``Orchestrator.submit``: with a pending ``after``, the batch is sent to the
         orchestrator's process when ``after`` is done."""
@@ -195,28 +215,31 @@ class OrchestratorProcess:
         """As ``Orchestrator.wait`` (the same errors, raised here)."""
         if (gate := self._gates.pop(step, None)) is not None:
             gate.join()
-        future = self._waiter.submit(self._remote.wait, step)
-        report_progress(future, lambda: self._remote.progress(step), self.batch_size, on_progress)
+        future = in_daemon(lambda: self._remote.wait(step))
+        report_progress(future, lambda: self._remote.progress(step), self.batch_size, on_progress,
+                        self._watch(step, f"batch {step + 1}"))
         return future.result()
 
     def wait_idle(self) -> None:
         """As ``Orchestrator.wait_idle``."""
         for gate in list(self._gates.values()):
             gate.join()
-        self._remote.wait_idle()
+        wait_watched(in_daemon(self._remote.wait_idle), self._watch(None, "the batches in flight (before an evaluation)"))
 
     def run(self, rows: list[dict], rollouts_per_example: int) -> list[Rollout]:
         """As ``Orchestrator.run``."""
-        return self._remote.run(rows, rollouts_per_example)
+        return wait_watched(in_daemon(lambda: self._remote.run(rows, rollouts_per_example)),
+                            self._watch(EVAL, "the evaluation's rollouts"))
 
     def close(self) -> None:
-        """Stop the orchestrator and its process."""
+        """Stop the orchestrator and its process (killed when it does not close within ``CLOSE_S``)."""
+        closing = in_daemon(self._remote.close if self._remote is not None else lambda: None)
         try:
-            if self._remote is not None:
-                self._remote.close()
+            closing.result(timeout=CLOSE_S)
         except Exception:
-            pass  # the process is gone already
-        self._waiter.shutdown(wait=False, cancel_futures=True)
+            process = getattr(self._manager, "_process", None)  # multiprocessing's own handle of it
+            if not closing.done() and process is not None and process.is_alive():
+                process.kill()  # it does not answer: a shutdown request would wait for it forever
         self._manager.shutdown()
 
 

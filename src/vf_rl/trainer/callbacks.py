@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.trainer import display
+from vf_rl.trainer.health import Health
 from vf_rl.trainer.model import Float32Rotary
 
 
@@ -57,8 +58,16 @@ def peak_memory() -> dict[str, float]:
 class RunCallback(Float32Rotary):
     """Before the first step, RoPE buffers back in float32 (:class:`model.Float32Rotary`). Always
     save (and, when evaluation is on, evaluate) the final step; empty the device cache every
-    ``torch_empty_cache_steps``; write ``metrics.jsonl`` (with a GPU, each step's peak memory:
-    :func:`peak_memory`), the console line and the plot."""
+    ``torch_empty_cache_steps``; read the health rules (:class:`~vf_rl.trainer.health.Health`:
+    ``health/<rule>`` in each step's record, a line when an alarm changes, ``health_stop``); write
+    ``metrics.jsonl`` (with a GPU, each step's peak memory: :func:`peak_memory`), the console line
+    and the plot."""
+
+    health: Health | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        self.health = Health(args, state, args.output_dir)  # a resumed run's metrics.jsonl is cut back by now
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step >= state.max_steps:
@@ -72,7 +81,11 @@ class RunCallback(Float32Rotary):
         return control
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or not logs:
+        if not logs:
+            return
+        if self.health is not None:  # every process: with several, they stop together
+            self.health.on_log(args, state, control, logs, display.note)
+        if not state.is_world_process_zero:
             return
         if "reward" in logs:
             logs.update(peak_memory())

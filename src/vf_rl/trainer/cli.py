@@ -19,6 +19,10 @@ from vf_rl.env_api.checks import check_environments
 EXIT_BAD_INPUT = 2
 EXIT_ALL_FAILED = 1
 EXIT_SERVER_GONE = 3
+EXIT_OUT_OF_MEMORY = 4  # one sample alone does not fit (micro_step.OutOfMemoryStop)
+EXIT_STALLED = 5  # the watchdog stopped a wait without progress (vf_rl.watchdog.Stalled)
+EXIT_DISK_FULL = 6  # no space left while saving a checkpoint (checkpoints.DiskFull)
+EXIT_HEALTH_STOP = 7  # a rule named in health_stop raised its alarm (trainer/health.py)
 EXIT_INTERRUPTED = 130  # as bash reports a command ended by Ctrl-C
 
 
@@ -40,7 +44,14 @@ EPILOG = """\
 exit status: 0 done; 1 nothing to train on (every rollout of a batch failed, or preflight =
 "strict" judged the first batch unable to teach; one line); 2 bad input (one line naming the file
 and the key); 3 the inference server exited or never came up (one line with its last error);
-130 Ctrl-C (the last complete checkpoint is kept)."""
+4 out of memory on one sample alone (one line: its length and the keys to change; the last
+complete step's checkpoint is saved; micro batches that run out of memory are split and the run
+goes on); 5 a wait made no progress for stall_timeout seconds (the watchdog's line: who waited on
+whom for what, the other side's state; the last complete step's checkpoint is saved); 6 no space
+left on device while saving a checkpoint (the previous complete checkpoint stays the resume point);
+7 a health rule named in health_stop raised its alarm (its line; that step's checkpoint is saved);
+130 Ctrl-C (the last complete checkpoint is kept). After 4, 5, 6 and 7, --resume goes on from the
+last complete checkpoint (docs/faults.md)."""
 
 
 def build_parser() -> CommandParser:
@@ -89,11 +100,14 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_BAD_INPUT
     from vf_rl.env_api.errors import AllRolloutsFailed
     from vf_rl.inference.supervision import ServerExited
+    from vf_rl.trainer.checkpoints import DiskFull
+    from vf_rl.watchdog import Stalled
 
     print(f"Loading model {config.model} (config: {config_path})...", flush=True)
     share = config.inference.shared and float(config.inference.args.get("gpu_memory_utilization", 0.9))
     trainer = RLTrainer(model=config.model, env=env, args=args, server_shares_gpu=share)
     from vf_rl.orchestrator.preflight import PreflightRefused
+    from vf_rl.trainer.micro_step import OutOfMemoryStop
 
     try:
         trainer.train()
@@ -111,9 +125,24 @@ def _main(argv: list[str] | None) -> int:
     except (ServerExited, TimeoutError) as exc:  # the server is gone or never came up: say so, no traceback
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_SERVER_GONE
+    except OutOfMemoryStop as exc:  # one sample alone does not fit: its length and the keys to change
+        print(f"vf-train: error: {exc}", file=sys.stderr)
+        return EXIT_OUT_OF_MEMORY
+    except Stalled as exc:  # its line names the wait, the other side's state and the checkpoint
+        print(exc, file=sys.stderr, flush=True)
+        return EXIT_STALLED
+    except DiskFull as exc:  # the previous complete checkpoint stays the resume point
+        print(exc, file=sys.stderr, flush=True)
+        return EXIT_DISK_FULL
     except PermissionError as exc:  # the server refused our weight-update secret
         print(f"vf-train: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from vf_rl.trainer.health import stop_reason
+
+    reason = stop_reason(trainer)
+    if reason is not None:  # the alarm's line, the checkpoint of its step saved
+        print(f"vf-train: error: health_stop: {reason}", file=sys.stderr)
+        return EXIT_HEALTH_STOP
     return 0
 
 

@@ -69,6 +69,12 @@ def step_line(step: int, max_steps: int, logs: dict) -> None:
         print(line, flush=True)
 
 
+def note(text: str) -> None:
+    """``text`` on a line of its own (a health alarm, a stop)."""
+    with _above_bar():
+        print(text, flush=True)
+
+
 def eval_line(step: int, logs: dict) -> None:
     """``Eval at step 10: reward=0.42 (std 0.11, 35s)``."""
     with _above_bar():

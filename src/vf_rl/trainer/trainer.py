@@ -27,7 +27,7 @@ from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.trainer_callback import ProgressCallback
 
 from vf_rl.algorithm.advantage import AdvantageFn, get_advantage
-from vf_rl.algorithm.loss import BatchTotals, LossFn, LossInputs, get_loss, micro_batch_loss
+from vf_rl.algorithm.loss import LossFn, get_loss
 from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.env_api import Environment
@@ -42,11 +42,11 @@ from vf_rl.trainer import display
 from vf_rl.trainer.batching import StepsDataset
 from vf_rl.trainer.callbacks import QuietProgress, RunCallback, RunSummary, TimeBudget, append_jsonl, evaluating
 from vf_rl.trainer.checkpoints import CheckpointingTrainer
-from vf_rl.trainer.model import apply_lora, compile_model, load_model, lora_input_casts_off, offload_checkpoints, train_mode
-from vf_rl.trainer.reference import frozen_copy, reference_logprobs
+from vf_rl.trainer.micro_step import OutOfMemoryStop, oom_metrics, save_last_complete_step, train_on_batch
+from vf_rl.trainer.model import apply_lora, compile_model, load_model, offload_checkpoints
+from vf_rl.trainer.reference import frozen_copy
+from vf_rl.trainer.rollout_log import record_step_rollouts
 from vf_rl.trainer.speed.attention import register_attention
-from vf_rl.trainer.speed.logprobs import micro_batch_logprobs
-from vf_rl.trainer.speed.packing import micro_batches_to, plan_micro_batches
 from vf_rl.trainer.speed.tiling import tile_mlps
 from vf_rl.trainer.speed.warmup import compile_metrics, server_memory_taken, warm_up
 from vf_rl.trainer.weight_sync import LORA_NAME, open_weight_sync
@@ -150,8 +150,8 @@ class RLTrainer(CheckpointingTrainer):
         """
         if resume_from_checkpoint is None:
             resume_from_checkpoint = self.args.resume_from_checkpoint
-        if resume_from_checkpoint and self.is_world_process_zero():
-            self.prepare_resume(resume_from_checkpoint)
+        if resume_from_checkpoint:  # the newest complete checkpoint; the main process cuts the records back
+            resume_from_checkpoint = self.prepare_resume(resume_from_checkpoint)
         a, begun = self.args, None
         if self.is_world_process_zero():
             record_python_run(a, self.served_model_name, self.env)  # <output_dir>/resolved.toml
@@ -294,19 +294,16 @@ class RLTrainer(CheckpointingTrainer):
 
     def _record(self, batch: Batch, stats: dict[str, float]) -> None:
         """Everything a step leaves behind: the metrics logged with the loss, ``batches.jsonl``
-        (the dataset rows of each step, for exact resume checks), the sample table."""
+        (the dataset rows of each step, for exact resume checks), the sample tables and rollouts file."""
         timings = {"wait_s": 0.0, "sync_s": 0.0, **self._timings}
         self._step_metrics = {**batch.metrics, **stats, **{f"timing/{k}": v for k, v in timings.items()},
                               "timing/elapsed_s": time.perf_counter() - self._started,
-                              "server/reconnects": float(self._server_reconnects), **compile_metrics(self),
+                              "server/reconnects": float(self._server_reconnects), **compile_metrics(self), **oom_metrics(self),
                               "throughput/train_tokens_per_s": stats["tokens/trained"] / max(timings["train_s"], 1e-9)}
         if not self.is_world_process_zero():
             return
         append_jsonl(Path(self.args.output_dir) / "batches.jsonl", {"step": batch.step + 1, "rows": batch.row_ids})
-        if display.shows_samples(batch.step + 1, self.args.max_steps):
-            display.sample_table(batch, batch.step + 1)
-        if batch.step % max(int(self.args.logging_steps), 1) == 0:
-            display.wandb_sample_table(batch, self.args.report_to)
+        record_step_rollouts(batch, self.args)
 
     def _share_batch(self, batch: Batch | None) -> Batch:
         """Several processes: the main process's batch, sent to every other process (each
@@ -318,53 +315,18 @@ class RLTrainer(CheckpointingTrainer):
         return broadcast_object_list([batch], from_process=0)[0]
 
     def _train_on_batch(self, model, batch: Batch) -> tuple[torch.Tensor, dict[str, float]]:
-        """Forward, loss and backward over this process's micro batches of ``batch``.
+        """Forward, loss and backward over this process's micro batches of ``batch`` (``micro_step.py``:
+        a micro batch that runs out of memory is split). Returns ``(loss, stats)``: the summed loss
+        (detached, 0-d) and the step statistics.
 
-        Returns:
-            ``(loss, stats)``: the summed loss (detached, 0-d) and the step statistics: the loss function's
-            (``loss.py`` says the convention), ``tokens/loss``, ``tokens/trained`` (forwarded: no padding, a shared prompt once).
+        Raises:
+            OutOfMemoryStop: a sample alone does not fit; the last complete step's checkpoint is saved first.
         """
-        a = self.args
-        loss_tokens = sum(sum(s.loss_mask[1:]) for s in batch.samples)
-        normalizer = max(loss_tokens, 1) / a.world_size
-        # everything the micro batches need from the host is read and copied before the first
-        # forward, so no copy or host read waits for queued GPU work inside the loop
-        on_host = plan_micro_batches(batch.samples, a.world_size, a.process_index, a.micro_batch_size,
-                                     a.micro_batch_tokens, a.share_prompts, self.processing_class.pad_token_id,
-                                     a.padding_free, self.cuda_graphs, bool(a.torch_compile), a.max_seq_len)
-        trained_tokens = sum(mb.tokens for mb in on_host)
-        my_loss_tokens = sum(int(mb.loss_mask.sum()) for mb in on_host)
-        totals = BatchTotals(loss_tokens, sum(any(s.loss_mask[1:]) for s in batch.samples), my_loss_tokens, a.world_size)
-        on_device = micro_batches_to(on_host, a.device)  # one copy per dtype
-        sums: dict[str, torch.Tensor] = {}  # statistics stay on the device until after the last backward
-        total_loss = torch.zeros((), device=a.device)
-        train_mode(model)  # the flags only where an evaluation left them off (model.py)
-        with lora_input_casts_off(model, self.accelerator.native_amp):  # exact, fewer copies (model.py)
-            for i, mb in enumerate(on_device):
-                # gradients are all-reduced (DDP) and the optimizer steps (DeepSpeed, whose backward
-                # steps it) once per batch, after the last micro batch
-                last = i == len(on_device) - 1
-                self.accelerator.sync_gradients = last
-                with contextlib.nullcontext() if last else self.accelerator.no_sync(model):
-                    with self.compute_loss_context_manager():
-                        def policy(m, mb=mb):  # log-probs and entropy [B, T] of this micro batch under m
-                            return micro_batch_logprobs(m, mb, a.temperature)
-
-                        ref = (reference_logprobs(self.accelerator.unwrap_model(model), self.ref_model,
-                                                  lambda m: policy(m)[0]) if a.beta > 0 else None)
-                        logprobs, entropy = policy(model)
-                        inputs = LossInputs(logprobs, mb.sampling_logprobs, mb.advantages, mb.loss_mask, entropy, ref, totals)
-                        loss, loss_stats = micro_batch_loss(self.loss_fn, inputs, a, normalizer)  # mask, KL, / N
-                    self.accelerator.backward(loss)
-                total_loss += loss.detach()
-                for k, v in loss_stats.items():
-                    v = v.detach().float()
-                    sums[k] = torch.maximum(sums[k], v) if k in sums and k.endswith("/max") else sums.get(k, 0.0) + v
-                del logprobs, entropy, inputs, loss, loss_stats  # this graph gone before the next forward (layer_graphs)
-        totals = dict(zip(sums, torch.stack(list(sums.values())).tolist())) if sums else {}  # one host read
-        n = max(my_loss_tokens, 1)
-        stats = {k: v if k.endswith("/max") else v / n for k, v in totals.items()}
-        return total_loss, {**stats, "tokens/loss": float(my_loss_tokens), "tokens/trained": float(trained_tokens)}
+        try:
+            return train_on_batch(self, model, batch)
+        except OutOfMemoryStop:
+            save_last_complete_step(self)
+            raise
 
     def autocast_smart_context_manager(self, cache_enabled: bool | None = True):
         """accelerate's autocast (a no-op without mixed precision) around every loss
@@ -408,12 +370,12 @@ class RLTrainer(CheckpointingTrainer):
         else ``None``, the push done."""
         model = self.accelerator.unwrap_model(self.model)
         if overlap and self.args.world_size == 1 and self.weight_sync.overlaps:
-            self._pushing = self.weight_sync.push_async(model)
+            self._pushing = self.weight_sync.push_async(model, step)
             self._synced_step = step
             return self._pushing
         with gathered_weights(self.model):
             if self.is_world_process_zero():
-                self._pushed(lambda: self.weight_sync.push(model))
+                self._pushed(lambda: self.weight_sync.push(model, step))
         self.accelerator.wait_for_everyone()
         self._synced_step = step
         return None
@@ -424,7 +386,7 @@ class RLTrainer(CheckpointingTrainer):
         pushing, self._pushing = self._pushing, None
         if pushing is not None:
             with self._timed("sync_s"):
-                self._pushed(pushing.result)
+                self._pushed(lambda: self.weight_sync.wait(pushing))  # watched (weight_sync.py)
             self._timings["sync_push_s"] = self.weight_sync.last_push_s
 
     def _pushed(self, push) -> None:

@@ -32,6 +32,11 @@ An update can overlap the next training step (:meth:`_Transport.push_async`): th
 snapshotted on the trainer's stream, then sent from a background thread on a side stream while
 the trainer goes on; the next batch starts generating once the update is in. The trainer does
 this for ``nccl`` and ``ipc`` (``overlaps``), whose snapshot is a cheap copy on the GPU.
+
+Every wait for a push (``push``, :meth:`_Transport.wait`) is watched (``vf_rl.watchdog``): a push
+that the servers do not answer within ``stall_warning_timeout`` seconds is named in one line with
+each server's state (vLLM's ``/metrics``), and past ``stall_timeout`` it raises ``Stalled``. The
+sending thread is a daemon, so a push stuck on a stopped server never holds up the trainer's exit.
 """
 
 from __future__ import annotations
@@ -39,16 +44,17 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import torch
 
 from vf_rl.config.rules import choose_weight_sync
 from vf_rl.inference.buckets import empty_buffers, pack_buckets, plan_buckets
-from vf_rl.inference.client import InferenceClient
+from vf_rl.inference.client import InferenceClient, server_load
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.trainer.weights import export_weights, merged_tensors
+from vf_rl.watchdog import Limits, Look, Stalled, Watch, in_daemon, wait_watched
 
 LORA_NAME = "vf-rl-lora"
 
@@ -62,32 +68,58 @@ def _each(clients: list[InferenceClient], call) -> list[int]:
     of the servers it reached. A server that is down is skipped (it gets the weights at the
     first sync after it comes back, before any rollout is sent to it)."""
     alive = [i for i, c in enumerate(clients) if len(clients) == 1 or c.is_healthy()]
-    with ThreadPoolExecutor(max_workers=max(len(alive), 1)) as pool:
-        list(pool.map(lambda i: call(clients[i]), alive))
+    if len(alive) == 1:
+        call(clients[alive[0]])
+    for future in [in_daemon(lambda i=i: call(clients[i])) for i in alive] if len(alive) > 1 else []:
+        future.result()
     return alive
 
 
 class _Transport:
-    """What every transport offers: ``push`` (blocking) and ``push_async``.
+    """What every transport offers: ``push`` (blocking), ``push_async`` and ``wait``.
 
     Attributes:
         last_push_s: seconds the last push took from snapshot to the servers' answer.
+        limits: the watchdog's limits for a wait on a push (``None``: not watched).
     """
 
     overlaps = False  # worth overlapping with training: the snapshot is a quick copy on the GPU
     last_push_s = 0.0
-    _pusher: ThreadPoolExecutor | None = None  # the background thread of push_async
-    _side_stream = None  # its CUDA stream
+    limits: Limits | None = None
+    clients: list[InferenceClient] = []
+    _pushes = 0  # pushes started
+    _last: Future | None = None  # the latest push's future: a push starts once the one before is done
+    _abandoned = False  # a wait on a push stalled (Stalled raised): close() does not wait for it
+    _side_stream = None  # the CUDA stream of push_async's sends
 
-    def push(self, model: torch.nn.Module) -> list[int]:
-        """Send the model's current weights; returns the indices of the servers that got them."""
-        start = time.perf_counter()
+    def push(self, model: torch.nn.Module, step: int | None = None) -> list[int]:
+        """Send the model's current weights (those after optimizer step ``step``, for the
+        watchdog's line); returns the indices of the servers that got them.
+
+        Raises:
+            Stalled: the servers did not answer within ``stall_timeout`` s (``wait``).
+        """
+        return self.wait(self.push_async(model, step))
+
+    def wait(self, pushing: Future) -> list[int]:
+        """The result of a push (``push_async``'s future), watched (see the module docstring).
+
+        Raises:
+            Stalled: no answer within ``stall_timeout`` s; the push is abandoned (``close`` does
+                not wait for it). Whatever the push raised.
+        """
+        before = f" (the push before took {self.last_push_s:.1f} s)" if self._pushes > 1 else ""
+        watch = None if self.limits is None else Watch(
+            "the trainer", "vf-vllm", getattr(pushing, "what", "a weight push") + before,
+            lambda: Look(None, "; ".join(f"vf-vllm at {c.base_url}: {server_load(c.base_url)}" for c in self.clients)),
+            self.limits)
         try:
-            return self._send(self._snapshot(model))
-        finally:
-            self.last_push_s = time.perf_counter() - start
+            return wait_watched(pushing, watch)
+        except Stalled:
+            self._abandoned = True
+            raise
 
-    def push_async(self, model: torch.nn.Module) -> Future:
+    def push_async(self, model: torch.nn.Module, step: int | None = None) -> Future:
         """Snapshot the weights now and send them in the background.
 
         The snapshot's GPU work is queued on the caller's current stream, so kernels queued
@@ -97,9 +129,12 @@ class _Transport:
 
         Returns:
             a ``concurrent.futures.Future`` of the indices of the servers that got the weights
-            (its ``result()`` raises what ``push`` would have raised).
+            (its ``result()`` raises what ``push`` would have raised; ``wait`` watches it).
         """
+        if self._last is not None and not self._last.done():  # one push at a time (the trainer waits for each anyway)
+            self.wait(self._last)
         start = time.perf_counter()
+        self._pushes += 1
         snapshot = self._snapshot(model)
         device = getattr(self, "device", None)
         ready = None
@@ -118,9 +153,9 @@ class _Transport:
             finally:
                 self.last_push_s = time.perf_counter() - start
 
-        if self._pusher is None:
-            self._pusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vf-rl-weight-push")
-        return self._pusher.submit(send)
+        self._last = in_daemon(send)
+        self._last.what = "the push of the " + ("current weights" if step is None else f"weights after step {step}")
+        return self._last
 
     def _snapshot(self, model: torch.nn.Module):
         raise NotImplementedError
@@ -129,10 +164,11 @@ class _Transport:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Wait for a push in flight, then let go of the background thread."""
-        if self._pusher is not None:
-            self._pusher.shutdown(wait=True)
-            self._pusher = None
+        """Wait for a push in flight (not for one the watchdog gave up on)."""
+        last, self._last = self._last, None
+        if last is not None and not last.done() and not self._abandoned:
+            with contextlib.suppress(Exception):  # its error went to whoever waited for it
+                self.wait(last)
 
 
 class FilesystemSync(_Transport):
@@ -181,12 +217,14 @@ class BroadcastSync(_Transport):
         port: the group's TCPStore port (0: a free one).
         bucket_bytes: largest flat buffer per broadcast (bytes).
         timeout_s: seconds to form the group and for each update.
+        warning_s: a vLLM worker that waits this long for a bucket prints the watchdog's line.
     Raises:
         RuntimeError: a server could not join (its error message).
     """
 
     def __init__(self, client, device: torch.device, backend: str = "nccl", host: str = "127.0.0.1",
-                 port: int = 0, bucket_bytes: int = 1 << 30, timeout_s: float = 300.0):
+                 port: int = 0, bucket_bytes: int = 1 << 30, timeout_s: float = 300.0,
+                 warning_s: float | None = None):
         from vf_rl.inference.communicator import BroadcastGroup, free_port
 
         self.clients, self.bucket_bytes = _clients(client), bucket_bytes
@@ -195,9 +233,9 @@ class BroadcastSync(_Transport):
         port = port or free_port(host)
         world_size = 1 + sum(workers)
         # each server answers its HTTP call only once our side of the collective has run, so the
-        # calls go out from background threads
-        self.http = ThreadPoolExecutor(max_workers=len(self.clients), thread_name_prefix="vf-rl-weight-sync")
-        joined = [self.http.submit(c.init_broadcast, host, port, world_size, backend, timeout_s, offset)
+        # calls go out from background (daemon) threads
+        joined = [in_daemon(lambda c=c, offset=offset: c.init_broadcast(host, port, world_size, backend,
+                                                                        timeout_s, offset, warning_s))
                   for c, offset in zip(self.clients, offsets)]
         self.group = BroadcastGroup(host, port, 0, world_size, backend, timeout_s, device=device)
         self.device = self.group.device
@@ -216,7 +254,7 @@ class BroadcastSync(_Transport):
         """All the servers (a broadcast needs every member of the group)."""
         buckets, buffers = snapshot
         announced = [b.to_json() for b in buckets]
-        received = [self.http.submit(c.update_weights_broadcast, announced) for c in self.clients]
+        received = [in_daemon(lambda c=c: c.update_weights_broadcast(announced)) for c in self.clients]
         for buffer in buffers:  # a server that answers while its workers should be receiving has failed
             self.group.broadcast(buffer, failed=lambda: _first_error(received))
         for future in received:
@@ -227,7 +265,6 @@ class BroadcastSync(_Transport):
     def close(self) -> None:
         super().close()
         self.group.close()
-        self.http.shutdown(wait=False)
 
 
 def _first_error(futures: list) -> BaseException | None:
@@ -292,22 +329,25 @@ class LoraSync(_Transport):
 
 
 def make_weight_sync(kind: str, client, output_dir: Path, device: torch.device, port: int = 0,
-                     bucket_mb: int = 1024, timeout_s: float = 300.0):
+                     bucket_mb: int = 1024, timeout_s: float = 300.0, limits: Limits | None = None):
     """The transport object for a resolved ``kind`` (not ``auto``); ``client``: one server's
-    client or a list of them."""
+    client or a list of them; ``limits``: the watchdog's for its pushes (``None``: unwatched)."""
     start = time.perf_counter()
     if kind == "filesystem":
-        return FilesystemSync(client, Path(output_dir) / "weights")
-    if kind == "lora":
-        return LoraSync(client, Path(output_dir) / "weights")
-    if kind == "ipc":
-        return IpcSync(client, device, bucket_bytes=bucket_mb << 20)
-    if kind == "nccl":
-        sync = BroadcastSync(client, device, "nccl", port=port, bucket_bytes=bucket_mb << 20, timeout_s=timeout_s)
+        sync = FilesystemSync(client, Path(output_dir) / "weights")
+    elif kind == "lora":
+        sync = LoraSync(client, Path(output_dir) / "weights")
+    elif kind == "ipc":
+        sync = IpcSync(client, device, bucket_bytes=bucket_mb << 20)
+    elif kind == "nccl":
+        sync = BroadcastSync(client, device, "nccl", port=port, bucket_bytes=bucket_mb << 20, timeout_s=timeout_s,
+                             warning_s=limits.warning_s if limits else None)
         print(f"Weight sync: NCCL group with {len(sync.clients)} server(s) formed in "
               f"{time.perf_counter() - start:.1f} s", flush=True)
-        return sync
-    raise ValueError(f"weight_sync: unknown transport {kind!r}")
+    else:
+        raise ValueError(f"weight_sync: unknown transport {kind!r}")
+    sync.limits = limits
+    return sync
 
 
 def open_weight_sync(args, servers: list) -> tuple[object, str]:
@@ -322,4 +362,4 @@ def open_weight_sync(args, servers: list) -> tuple[object, str]:
     kind = choose_weight_sync(args.weight_sync, device_uuid(args.device), devices,
                               server_is_local=all(server.is_local for server in servers))
     return make_weight_sync(kind, servers, Path(args.output_dir), args.device, args.weight_sync_port,
-                            args.weight_sync_bucket_mb, args.vllm_server_timeout), kind
+                            args.weight_sync_bucket_mb, args.vllm_server_timeout, Limits.of(args)), kind

@@ -41,7 +41,7 @@ import torch
 
 from vf_rl.config.shape_grid import bucket
 from vf_rl.orchestrator.samples import Sample
-from vf_rl.trainer.batching import host_tensor
+from vf_rl.trainer.batching import first_trained_position, host_tensor, micro_batches, shard
 
 PACK_MIN_SAVING = 0.1
 """A micro batch runs as one packed row only when that removes at least this share of the
@@ -150,8 +150,6 @@ def plan_micro_batches(samples: list[Sample], world_size: int, rank: int, micro_
     (``batching.shard``) in padded micro batches of ``micro_batch_size`` samples.
     """
     if not padding_free:
-        from vf_rl.trainer.batching import shard
-
         mine = shard(samples, world_size, rank, micro_batch_size)
         return [padded_micro_batch(mine[i:i + micro_batch_size], pad_token_id)
                 for i in range(0, len(mine), micro_batch_size)]
@@ -169,8 +167,6 @@ def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> MicroBatch:
     no row is padded (attention is then plainly causal: no mask to build); the ``[B, T]``
     columns start at the batch's first trained position ``start`` (``T = L - start``), and the
     LM head runs from ``start - 1`` on (``keep``)."""
-    from vf_rl.trainer.batching import first_trained_position, micro_batches
-
     mb = micro_batches(samples, len(samples), pad_token_id)[0]
     start = first_trained_position(mb["loss_mask"])
     lengths = {len(s.input_ids) for s in samples}
@@ -178,7 +174,7 @@ def padded_micro_batch(samples: list[Sample], pad_token_id: int) -> MicroBatch:
                       loss_mask=mb["loss_mask"][:, start:], sampling_logprobs=mb["sampling_logprobs"][:, start:],
                       advantages=mb["advantages"], tokens=sum(len(s.input_ids) for s in samples),
                       attention_mask=mb["attention_mask"] if len(lengths) > 1 else None,
-                      keep=mb["input_ids"].shape[1] - start + 1)
+                      keep=mb["input_ids"].shape[1] - start + 1, samples=samples)
 
 
 def first_trained(sample: Sample) -> int:
@@ -239,6 +235,7 @@ class MicroBatch:
         cells: packed only, ``[M]`` long, their flat indices in ``[B * T]``.
         attention_mask: padded only, ``[B, L]`` long, or None when no row is padded.
         keep: padded only, LM-head positions kept (``logits_to_keep``: ``L - start + 1``).
+        samples: the samples it holds, in order (host; ``micro_step`` splits a pass that runs out of memory).
     """
 
     input_ids: torch.Tensor
@@ -254,6 +251,7 @@ class MicroBatch:
     cells: torch.Tensor | None = None
     attention_mask: torch.Tensor | None = None
     keep: int = 0
+    samples: list[Sample] | None = None
 
     @property
     def packed(self) -> bool:
@@ -384,7 +382,8 @@ def packed_micro_batch(samples: list[Sample], share_prompts: bool = False, max_s
                       loss_mask=loss_mask, sampling_logprobs=sampling,
                       advantages=host_tensor([s.advantage for s in samples], torch.float32), tokens=len(ids),
                       layout=layout, position_ids=host_tensor([positions], torch.long),
-                      predict_index=host_tensor(predict, torch.long), valid=valid, cells=host_tensor(cells, torch.long))
+                      predict_index=host_tensor(predict, torch.long), valid=valid, cells=host_tensor(cells, torch.long),
+                      samples=samples)
 
 
 # --- bucketed shapes (CUDA graphs) --------------------------------------------------------------
