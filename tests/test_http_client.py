@@ -1,4 +1,5 @@
-"""The rollout client survives the server closing an idle keep-alive connection.
+"""The rollout client: it survives the server closing an idle keep-alive connection, and it counts
+its requests for the watchdog under every openai the extras allow (1.x-2.x on httpx, 3.x on httpx2).
 
 vLLM's server drops idle connections after 5 s; a client that reuses one just then gets a
 "Connection error" (seen on a GPU run). The server below answers the first request of each
@@ -8,10 +9,16 @@ races the server's keep-alive close sees it.
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from vf_rl.inference.client import KEEPALIVE_EXPIRY_S, openai_client
+from vf_rl.inference.client import KEEPALIVE_EXPIRY_S, openai_client, request_count
+
+CLASSIC_OVERLAY = Path(__file__).resolve().parents[1] / ".venv" / "verifiers-classic"
 
 COMPLETION = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
               "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}}],
@@ -39,13 +46,15 @@ async def _closing_server(connections: list):
     return await asyncio.start_server(handle, "127.0.0.1", 0)
 
 
+@pytest.mark.parametrize("counted", [False, True], ids=["plain", "counted"])
 @pytest.mark.parametrize("pause_s", [0.0, KEEPALIVE_EXPIRY_S + 0.5])
-def test_requests_survive_a_connection_closed_by_the_server(pause_s):
+def test_requests_survive_a_connection_closed_by_the_server(pause_s, counted):
     async def main():
         connections = []
         server = await _closing_server(connections)
         port = server.sockets[0].getsockname()[1]
-        client = openai_client(f"http://127.0.0.1:{port}/v1", "key", timeout=10.0)
+        client = openai_client(f"http://127.0.0.1:{port}/v1", "key", timeout=10.0,
+                               count=request_count() if counted else None)
         try:
             answers = []
             for _ in range(3):
@@ -60,3 +69,44 @@ def test_requests_survive_a_connection_closed_by_the_server(pause_s):
     answers, connections = asyncio.run(main())
     assert answers == ["ok"] * 3
     assert connections >= 3  # every request after the first needed a fresh connection
+
+
+COUNTED = """
+import asyncio, sys
+sys.path.insert(0, sys.argv[2])
+import openai
+from test_http_client import _closing_server
+from vf_rl.inference.client import http_module, openai_client, request_count
+
+async def main():
+    server = await _closing_server([])
+    count = request_count()
+    client = openai_client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", "key", 10.0, count)
+    reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    await client.close()
+    server.close()
+    print(openai.__version__, http_module().__name__, reply.choices[0].message.content, count.answered, count.in_flight)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("overlay", ["venv", "classic-overlay"])
+def test_the_watchdogs_request_count_works_with_each_openai(overlay):
+    """The orchestrator's clients send through a :class:`RequestCount` (the watchdog's figures). openai 3.x
+    builds its client on httpx2, whose requests an httpx transport refuses (a bare AssertionError on every
+    rollout); the count must wrap a transport of the client's own package. The classic overlay of the
+    set-up (``vf-rl install-verifiers-classic``) carries an openai 3.x, the venv a 2.x."""
+    env = dict(os.environ)
+    if overlay == "classic-overlay":
+        if not CLASSIC_OVERLAY.is_dir():
+            pytest.skip(f"no {CLASSIC_OVERLAY} (scripts/setup.sh makes it)")
+        env["PYTHONPATH"] = str(CLASSIC_OVERLAY)
+    result = subprocess.run([sys.executable, "-c", COUNTED, "", str(Path(__file__).parent)], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    version, module, content, answered, in_flight = result.stdout.split()
+    assert (content, answered, in_flight) == ("ok", "1", "0")
+    assert module == ("httpx2" if int(version.split(".")[0]) >= 3 else "httpx")
+    if overlay == "classic-overlay":
+        assert int(version.split(".")[0]) >= 3, version  # the case this test exists for

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import time
 from dataclasses import dataclass
 
@@ -16,23 +17,40 @@ connections after ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` = 5 s; a client that keeps th
 default) can send on a connection just as the server closes it and get "Connection error" (a GPU
 run lost 31 of 128 rollouts of one batch to it when a training step took ~5 s)."""
 
-HTTP_LIMITS = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+def http_module():
+    """The HTTP package that openai's async client is built on: ``httpx`` (openai 1.x-2.x) or
+    ``httpx2`` (openai 3.x, which the classic API's ``openai-agents`` pulls in). A transport or limits
+    object must come from that package: an ``httpx`` transport refuses an ``httpx2`` request (a bare
+    ``AssertionError`` on its stream type)."""
+    from openai import DefaultAsyncHttpxClient
+
+    client = next(cls for cls in DefaultAsyncHttpxClient.__mro__ if cls.__name__ == "AsyncClient")
+    return importlib.import_module(client.__module__.partition(".")[0])
 
 
-class RequestCount(httpx.AsyncBaseTransport):
-    """An HTTP transport that counts the requests it carries to one server, for the watchdog:
-    ``in_flight`` (sent, not answered), ``answered`` (a response's headers came back: for
-    vLLM's non-streamed completions, the whole answer) and :meth:`quiet_s`.
+def http_limits(http=None):
+    """The rollout client's connection limits, as ``http``'s ``Limits`` (default: :func:`http_module`):
+    1,000 connections, 100 kept alive, each idle one dropped after :data:`KEEPALIVE_EXPIRY_S`."""
+    http = http or http_module()
+    return http.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_EXPIRY_S)
+
+
+class RequestCount:
+    """An async HTTP transport (the interface of httpx's and httpx2's ``AsyncBaseTransport``) that
+    counts the requests it carries to one server, for the watchdog: ``in_flight`` (sent, not
+    answered), ``answered`` (a response's headers came back: for vLLM's non-streamed completions,
+    the whole answer) and :meth:`quiet_s`.
 
     Args:
-        inner: the transport that sends them.
+        inner: the transport that sends them, of the client's own HTTP package (:func:`request_count`).
     """
 
-    def __init__(self, inner: httpx.AsyncBaseTransport):
+    def __init__(self, inner):
         self.inner, self.in_flight, self.answered = inner, 0, 0
         self._quiet_since = time.monotonic()
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request):
         if self.in_flight == 0:
             self._quiet_since = time.monotonic()
         self.in_flight += 1
@@ -47,6 +65,13 @@ class RequestCount(httpx.AsyncBaseTransport):
     def quiet_s(self) -> float:
         """Seconds since the last answer, or since requests began to be in flight after none were."""
         return time.monotonic() - self._quiet_since
+
+    async def __aenter__(self):
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.inner.__aexit__(*exc_info)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -65,12 +90,14 @@ def openai_client(base_url: str, api_key: str, timeout: float, count: RequestCou
 
     transport = {"transport": count} if count is not None else {}
     return AsyncOpenAI(base_url=base_url, api_key=api_key, timeout=timeout, max_retries=2,
-                       http_client=DefaultAsyncHttpxClient(limits=HTTP_LIMITS, timeout=timeout, **transport))
+                       http_client=DefaultAsyncHttpxClient(limits=http_limits(), timeout=timeout, **transport))
 
 
 def request_count() -> RequestCount:
-    """A :class:`RequestCount` over httpx's own transport with :data:`HTTP_LIMITS`."""
-    return RequestCount(httpx.AsyncHTTPTransport(limits=HTTP_LIMITS))
+    """A :class:`RequestCount` over the default async transport of openai's HTTP package
+    (:func:`http_module`), with :func:`http_limits`."""
+    http = http_module()
+    return RequestCount(http.AsyncHTTPTransport(limits=http_limits(http)))
 
 
 @dataclass(frozen=True)
@@ -140,7 +167,7 @@ class InferenceClient:
         headers = {}
         if secret := weight_secret():
             headers[SECRET_HEADER] = secret
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, limits=HTTP_LIMITS)
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers, limits=http_limits(httpx))
 
     def wait_until_ready(self, timeout: float = 300.0, poll: float = 2.0) -> None:
         """Block until ``GET /health`` answers 200.
