@@ -153,7 +153,10 @@ def test_builtin_dapo_and_grpo_advantage_train(server, model_dir, tmp_path, rest
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "gspo"])
+# each formula is checked in the default tier (test_loss.py:
+# test_trl_losses_match_their_formulas_over_micro_batches_and_processes); one of them trains there
+@pytest.mark.parametrize("loss_type", ["grpo", *(pytest.param(name, marks=pytest.mark.slow)
+                                                 for name in ("dr_grpo", "bnpo", "gspo"))])
 def test_trl_loss_types_train(server, model_dir, tmp_path, restore_base_weights, loss_type):
     """TRL's loss names train by the config key alone: two steps of vf-train each, with the clip's statistics
     (GSPO's sequence ratio besides)."""

@@ -352,6 +352,7 @@ def test_lora_layers_share_one_compiled_graph():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow  # the default tier: test_cuda_graph_modes_compile_and_pad_micro_batches (padded micro batches, grads = eager)
 def test_the_stack_region_accumulates_gradients_as_eager_code():
     """scripts/gpu/cudagraph_accum_check.py runs the trainer's ``compile_stack`` as CUDA graphs over
     micro batches with accumulated gradients against eager code, then packed micro batches of
@@ -376,7 +377,8 @@ def test_the_stack_region_accumulates_gradients_as_eager_code():
     assert all(float(line.rsplit(" ", 1)[1]) <= 1e-4 for line in lines)
 
 
-@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+# max-autotune compiles the stack as one region: test_the_stack_region_compiles_once_for_packed_rows (default tier)
+@pytest.mark.parametrize("mode", ["reduce-overhead", pytest.param("max-autotune", marks=pytest.mark.slow)])
 def test_cuda_graph_modes_compile_and_pad_micro_batches(model_dir, tmp_path, mode):
     """``torch_compile_mode = "reduce-overhead"``: each decoder layer compiles and is called
     through ``LayerGraphs`` (which records on a GPU only), the stack not compiled as one;

@@ -332,6 +332,7 @@ def test_stability_rule(tmp_path):
 
 
 @pytest.mark.server
+@pytest.mark.slow  # a benchmark tool (benchmarks/generation.py) against a real server: minutes, not a product path
 def test_generation_probe_against_the_server(server, tmp_path):
     """benchmarks/generation.py measures batches through the orchestrator against a real server."""
     out = tmp_path / "gen.json"

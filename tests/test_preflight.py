@@ -56,7 +56,8 @@ def preflight(config, server=None, *extra, cwd=None, prompts=4):
 
 @pytest.mark.server
 @pytest.mark.parametrize("env_args,max_tokens,expected", [
-    ({"few_shot": 0, "source": "offline"}, 64, "too_hard"),
+    # a fatal verdict first: test_constant_reward_names_the_fatal_problem_first_and_estimates_the_time in the default tier
+    pytest.param({"few_shot": 0, "source": "offline"}, 64, "too_hard", marks=pytest.mark.slow),
     ({"few_shot": 2, "source": "offline"}, 1, "lengths"),
 ], ids=["no-few-shot-too-hard", "max-tokens-far-too-small"])
 def test_verdicts_on_reverse_text(server, model_dir, tmp_path, env_args, max_tokens, expected):
@@ -279,7 +280,7 @@ def test_estimate_overlaps_generation_and_training(tmp_path, model_dir):
 
 
 @pytest.mark.server
-@pytest.mark.parametrize("mode", ["strict", "warn"])
+@pytest.mark.parametrize("mode", ["strict", pytest.param("warn", marks=pytest.mark.slow)])  # the verdict line: both
 def test_first_batch_check_in_the_trainer(server, model_dir, tmp_path, restore_base_weights, mode):
     """``[trainer.args] preflight``: the trainer prints the verdict on its first batch; "strict"
     stops a run without reward before its first update (exit 1, one line), "warn" goes on."""

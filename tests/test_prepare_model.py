@@ -39,7 +39,8 @@ def test_the_prepared_model_has_its_own_special_tokens(model_dir):
     assert_special_tokens(model_dir)
 
 
-@pytest.mark.parametrize("version", sorted(OLDER))
+# 5.17.0 (the version whose inferred tokens were wrong) in the default tier, the lowest allowed in the slow one
+@pytest.mark.parametrize("version", [pytest.param(v, marks=pytest.mark.slow) if v.startswith("4.") else v for v in sorted(OLDER)])
 def test_prepare_model_under_an_older_transformers(version, tmp_path):
     """``vf-rl prepare-model`` run with an older transformers first on the path writes the same tokens."""
     overlay = tmp_path / f"transformers-{version}"

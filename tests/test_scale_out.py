@@ -106,6 +106,7 @@ def test_a_server_killed_mid_run_leaves_the_others_training(server, model_dir, t
     assert steps[-1]["servers/0/rollouts"] == 16 and steps[-1]["errors/rate"] == 0.0
 
 
+@pytest.mark.slow  # a server of its own (minutes); default tier: test_vf_vllm_refuses_to_listen_beyond_loopback_without_a_secret
 def test_wrong_secret_is_refused_with_one_line(second_server, model_dir, tmp_path):
     config = write_cpu_config(tmp_path / "secret.toml", model_dir, tmp_path / "run", second_server.port,
                               batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_steps=1, max_tokens=8)

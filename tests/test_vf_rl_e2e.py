@@ -10,7 +10,8 @@ import sys
 import pytest
 from conftest import free_port, write_cpu_config
 
-pytestmark = pytest.mark.server
+# slow: vf-rl --wait in tmux trains 2 steps in the default tier in test_quiet_panes.py and CI's scripts/test_wheel.sh
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
 def test_two_steps_through_vf_rl_in_tmux(model_dir, tmp_path):

@@ -40,7 +40,9 @@ cp "$MODEL"/{config.json,generation_config.json,tokenizer.json,tokenizer_config.
 
 # 2. extra wheels for what the GPU image lacks (it has torch, transformers, numpy, pandas, pyarrow,
 #    sympy, aiohttp, ...; dill and pydantic come with the vLLM bundle); unpinned ones as in .venv
-ver() { "$REPO/.venv/bin/python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
+# a package's version in the set-up's venv, else in its classic-API overlay (.venv/verifiers-classic: aiolimiter)
+ver() { "$REPO/.venv/bin/python" -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null \
+  || PYTHONPATH="$REPO/.venv/verifiers-classic" "$REPO/.venv/bin/python" -c "import importlib.metadata as m; print(m.version('$1'))"; }
 pkgs="trl==1.16.0 datasets==5.0.1 multiprocess==0.70.19 liger_kernel==0.8.5 py-spy==0.4.3"  # py-spy: the request-path probe's profiles
 for p in libtmux tomli_w math-verify latex2sympy2_extended antlr4-python3-runtime faker english-words bm25s; do
   pkgs+=" $p==$(ver $p)"

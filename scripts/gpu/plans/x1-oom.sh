@@ -1,5 +1,5 @@
 #!/bin/bash
-# One GPU, ~15 min (each run LIMIT s at most, default 540): a real CUDA out of memory mid-run costs a micro batch, not
+# One GPU, ~15 min (each run LIMIT s at most, default 540; RUNS picks runs, default all three): a real CUDA out of memory mid-run costs a micro batch, not
 # the run (trainer/micro_step.py), in the shared layout (vLLM and the trainer on one GPU, vLLM's share fixed at SHARE,
 # default 0.8: the trainer has the rest, ~28 GiB of an H200). Random Llama-1B weights (session.sh model: every rollout
 # samples about max_tokens tokens, SmolLM2's vocabulary), LoRA, no gradient checkpointing (vf-rl's estimate: 1.2 MB of
@@ -63,8 +63,9 @@ TOML
 }
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > /tmp/e2e/oom.gpumem.log &
 mon=$!
-oom_run split 4096 16 4 16 "torch_compile = false"
-oom_run split-compiled 4096 16 4 16 ""
-oom_run stop 30000 4 4 1 "torch_compile = false"
+runs=" ${RUNS:-split split-compiled stop} "  # RUNS: which of the three to run, in this order
+[[ $runs == *" split "* ]] && oom_run split 4096 16 4 16 "torch_compile = false"
+[[ $runs == *" split-compiled "* ]] && oom_run split-compiled 4096 16 4 16 ""
+[[ $runs == *" stop "* ]] && oom_run stop 30000 4 4 1 "torch_compile = false"
 kill $mon
 echo "plan done"
