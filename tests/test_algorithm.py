@@ -139,6 +139,7 @@ def test_example_loss_trains_by_config_key_alone(server, model_dir, tmp_path, re
 
 
 @pytest.mark.server
+@pytest.mark.slow  # formulas: test_loss.py (dapo), test_batching.py (group_mean_std); the seam trains below (grpo)
 def test_builtin_dapo_and_grpo_advantage_train(server, model_dir, tmp_path, restore_base_weights):
     config = write_cpu_config(tmp_path / "dapo.toml", model_dir, tmp_path / "dapo", server.port, max_steps=2,
                               batch_size=8, rollouts_per_example=4, micro_batch_size=8, max_tokens=12,
