@@ -261,12 +261,7 @@ def errors(history: History) -> Reading | None:
     (``failed_share``); during training a fifth for three steps running is a cause to look at
     (``errors/<kind>`` says which). Measured (docs/health.md): the recorded runs fail none.
     """
-    rates = history.values("errors/rate", ERROR_WINDOW)
-    if len(rates) < ERROR_WINDOW:
-        return None
-    rate = statistics.fmean(rates)
-    return Reading(rate >= ERROR_SHARE, f"{rate:.0%} of rollouts failed over {_steps(history, ERROR_WINDOW)}",
-                   f"{ERROR_SHARE:.0%}")
+    return _mean_share(history, "errors/rate", ERROR_WINDOW, ERROR_SHARE, "of rollouts failed")
 
 
 @dataclass(frozen=True)
