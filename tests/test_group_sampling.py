@@ -304,6 +304,28 @@ def test_a_script_without_main_guard_runs_once(server, tmp_path):
 
 
 @pytest.mark.server
+def test_orchestrator_thread_generates_a_batch_whose_push_failed_when_it_is_taken(server, model_dir, capfd):
+    """A batch submitted after a weight push that fails is not generated then (it would sample the
+    weights before the push) but when the trainer takes it, after its retry: on-policy, one line."""
+    env = reverse_text()
+    rows = prompt_rows(env.get_dataset(), AutoTokenizer.from_pretrained(model_dir), 512)[:8]
+    orchestrator = Orchestrator(env, rows, base_url=f"{server.base_url}/v1", model_name=server.model,
+                                config=OrchestratorConfig(batch_size=4, rollouts_per_example=2,
+                                                          sampling_args={"max_tokens": 6, "temperature": 1.0},
+                                                          max_seq_len=600))
+    try:
+        failed = Future()
+        orchestrator.submit(1, policy_step=0, after=failed)
+        failed.set_exception(ConnectionError("the server went away"))
+        batch = orchestrator.wait(1)
+        assert batch.step == 1 and len(batch.rollouts) == 4 and all(r.error is None for r in batch.rollouts)
+        assert batch.metrics["off_policy/staleness"] == 0.0
+        assert "batch 1: the weight update it was to be generated with failed" in capfd.readouterr().err
+    finally:
+        orchestrator.close()
+
+
+@pytest.mark.server
 def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
     """The orchestrator in its own process: a batch submitted after a pending weight push is
     generated only once the push is done, batches and evaluation rollouts come back with their
@@ -327,6 +349,13 @@ def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
         threading.Timer(0.5, push.set_result, (None,)).start()
         batch = orchestrator.wait(1)
         assert batch.step == 1 and batch.metrics["off_policy/staleness"] == 1.0
+        failed = Future()  # a push that fails (the server went away during it)
+        orchestrator.submit(2, policy_step=1, after=failed)
+        failed.set_exception(ConnectionError("the server went away"))
+        orchestrator._gates[2].join()
+        assert not orchestrator._remote.submitted(2)  # not generated with the weights before the push
+        batch = orchestrator.wait(2)  # generated now, with the weights the trainer pushed on its retry
+        assert batch.step == 2 and len(batch.rollouts) == 4 and batch.metrics["off_policy/staleness"] == 0.0
         evaluated = orchestrator.run(rows[:1], 3)
         assert len(evaluated) == 3 and all(r.error is None for r in evaluated)
     finally:

@@ -246,7 +246,8 @@ METRICS: tuple[Metric, ...] = (
            "names it."),
     Metric("server/reconnects", RESOURCES, "restarts", "Times the trainer waited for a restarted inference server "
            "and pushed the current weights to it.", "0.",
-           "Above 0: the server was killed (often out of memory); <output_dir>/logs/inference.restarts lists when."),
+           "Above 0: the server was killed (often out of memory) or its vLLM engine died; "
+           "<output_dir>/logs/inference.restarts lists when."),
     # --- health alarms ---
     Metric("health/<rule>", HEALTH, "0 or 1", "1 while a health rule's alarm is raised, 0 otherwise, one key per "
            "rule (errors, mismatch, entropy_collapse, held_out_drop, length_growth, repeated_completions, "

@@ -139,6 +139,21 @@ def server_load(base_url: str, timeout: float = 5.0) -> ServerLoad | str:
     return ServerLoad(*(int(v) for v in sums.values()))
 
 
+ENGINE_DEAD = "EngineCore encountered an issue"
+"""The start of the message of vLLM's ``EngineDeadError``, which the API server answers (status
+500) to every request once its engine process has died; it then shuts itself down."""
+
+
+class EngineDied(RuntimeError):
+    """vf-vllm answered that its vLLM engine has died: the server is going down, and ``vf-rl``
+    restarts it (``supervision.py``)."""
+
+
+SERVER_LOST = (httpx.TransportError, EngineDied)
+"""What a request to vf-vllm raises when the server is gone (killed, restarting) or going (its
+engine died): the caller waits for the restarted server rather than failing the run."""
+
+
 def wait_for_server(process, health_url: str, timeout: float, poll: float = 1.0) -> bool:
     """Poll ``GET health_url`` until it answers 200 (True), or until the server's ``process``
     (a ``subprocess.Popen``) exits or ``timeout`` seconds pass (False: ``process.poll()`` tells
@@ -198,6 +213,9 @@ class InferenceClient:
             return False
 
     def _check(self, route: str, response: httpx.Response) -> None:
+        if response.status_code >= 500 and ENGINE_DEAD in response.text:
+            raise EngineDied(f"vf-vllm at {self.base_url} answered {route} with {response.status_code}: its vLLM "
+                             "engine died")
         if response.status_code == 401:
             raise PermissionError(f"vf-vllm at {self.base_url} refused {route}: missing or wrong weight-update secret "
                                   "(set the same VF_RL_WEIGHT_SECRET or VF_RL_WEIGHT_SECRET_FILE for vf-vllm and vf-train)")
@@ -249,6 +267,7 @@ class InferenceClient:
         """
         response = self.http.post("/v1/load_lora_adapter",
                                   json={"lora_name": name, "lora_path": path, "load_inplace": True})
+        self._check("/v1/load_lora_adapter", response)
         if response.status_code == 404:
             raise RuntimeError("vf-vllm has no /v1/load_lora_adapter: start it with --enable-lora --max-lora-rank R "
                                "(vf-rl does this for weight_sync = 'lora')")

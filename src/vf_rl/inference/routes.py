@@ -76,8 +76,13 @@ def weight_secret() -> str | None:
 GENERATE_ROUTE = ("POST", GENERATE_PATH)
 
 
+ENGINE_POLL_S = 0.5
+"""How often a weight update in flight checks that vLLM's engine is still alive."""
+
+
 async def every_worker(engine, method: str, args: tuple = ()) -> list:
-    """``collective_rpc(method, args)`` on every worker of every engine, one result per worker.
+    """``collective_rpc(method, args)`` on every worker of every engine, one result per worker,
+    given up once the engine has died (:func:`_while_engine_lives`).
 
     vLLM's own ``engine_client.collective_rpc`` calls every data-parallel engine but returns only
     the first engine's results (``DPAsyncMPClient.call_utility_async``, vLLM 0.26-0.33), so with
@@ -89,7 +94,29 @@ async def every_worker(engine, method: str, args: tuple = ()) -> list:
         engine: the server's ``app.state.engine_client`` (vLLM's ``AsyncLLM``).
     Returns:
         one result per worker.
+    Raises:
+        EngineDeadError (vLLM's): the engine process died during the call.
     """
+    return await _while_engine_lives(engine, _every_worker(engine, method, args))
+
+
+async def _while_engine_lives(engine, call):
+    """Await the coroutine ``call`` unless vLLM's engine dies first. vLLM marks its engine client
+    dead (``errored``) as soon as the engine process exits, but leaves a call in flight to it
+    unanswered: a weight update would then wait until the server's shutdown cancels it, and the
+    trainer would read a bare 500. This raises the engine's ``dead_error`` instead, whose message
+    the trainer recognizes (``client.ENGINE_DEAD``)."""
+    task = asyncio.ensure_future(call)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=ENGINE_POLL_S)
+        if done:
+            return task.result()
+        if getattr(engine, "errored", False):
+            task.cancel()
+            raise engine.dead_error
+
+
+async def _every_worker(engine, method: str, args: tuple) -> list:
     core = getattr(engine, "engine_core", None)
     engines = getattr(core, "core_engines", None) or []
     if len(engines) <= 1:

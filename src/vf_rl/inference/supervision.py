@@ -1,12 +1,16 @@
 """The inference server as ``vf-rl`` runs it: restarted when killed, its fate written to files.
 
 ``vf-rl`` runs ``vf-vllm`` in the Inference pane under a small bash loop (``supervised_shell``).
-When the server is killed by a signal other than Ctrl-C (an OOM kill is ``SIGKILL``, status
-137) while the trainer still runs, the loop restarts it, at most ``MAX_RESTARTS`` times in a row
-with a growing pause, and appends a line to ``inference.restarts``. A server that ran for
-``STABLE_S`` seconds or more before it was killed had started and served, so it is not a crash
-loop: its count starts again (an hour-long run survives an OOM kill every few minutes). Any other end (a start-up error,
-Ctrl-C, the trainer done, restarts used up) is final: the status goes to ``inference.exit``.
+When the server stops without a Ctrl-C in its pane while the trainer still runs, the loop restarts
+it: killed by a signal (an OOM kill is ``SIGKILL``, status 137), or ended with status 0, which is
+how vLLM's API server ends once its engine process has died (vLLM shuts the HTTP server down
+within seconds of finding the engine dead) or after a plain ``kill``. It restarts the server at
+most ``MAX_RESTARTS`` times in a row with a growing pause, and appends a line to
+``inference.restarts``. A server that ran for ``STABLE_S`` seconds or more before it stopped had
+started and served, so it is not a crash loop: its count starts again (an hour-long run survives an
+OOM kill every few minutes). Any other end (a start-up error, status 1 to 128; Ctrl-C, which the
+loop's own trap sees; the trainer done; restarts used up) is final: the status goes to
+``inference.exit``.
 The trainer reads those files through ``VF_RL_INFERENCE_EXIT_FILE`` / ``VF_RL_INFERENCE_LOG``
 and stops within seconds of a final exit, naming the server's last error lines.
 """
@@ -51,14 +55,16 @@ def supervised_shell(command: str, log: Path, exit_file: Path, restarts_file: Pa
     # the filters ignore Ctrl-C as tee -i does (the server's own status is PIPESTATUS[0]); the log's
     # writer is waited for before the status is read
     quiet = "sed -u " + " ".join(f"-e {q(script)}" for script in EXIT_NOISE)
-    return (f"( trap : INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do t=$(date +%s); "
+    return (f"( c=0; trap c=1 INT; rm -f {q(str(exit_file))} {q(str(restarts_file))}; n=0; while :; do t=$(date +%s); "
             f"{command} 2>&1 | (trap '' INT; exec {quiet}) | tee -i >(trap '' INT; exec sed -u {q(LOG_FILTER)} "
             f">> {q(str(log))}); code=${{PIPESTATUS[0]}}; wait $!; "
             f"if [ $(( $(date +%s) - t )) -ge {int(stable_s)} ]; then n=0; fi; "
-            f"if [ -s {q(str(trainer_exit))} ] || [ $code -le 128 ] || [ $code -eq {SIGINT_STATUS} ] "
+            f"if [ -s {q(str(trainer_exit))} ] || [ $c = 1 ] || {{ [ $code -ge 1 ] && [ $code -le 128 ]; }} "
+            f"|| [ $code -eq {SIGINT_STATUS} ] "
             f"|| [ $n -ge {MAX_RESTARTS} ]; then break; fi; n=$((n+1)); "
             f"echo \"$(date +%s) status $code\" >> {q(str(restarts_file))}; "
-            f"echo \"[vf-rl] inference server killed (status $code): restart $n/{MAX_RESTARTS} in $((n*{RESTART_PAUSE_S}))s\"; "
+            f"echo \"[vf-rl] inference server stopped (status $code: killed, or its engine died): restart "
+            f"$n/{MAX_RESTARTS} in $((n*{RESTART_PAUSE_S}))s\"; "
             f"sleep $((n*{RESTART_PAUSE_S})); done; echo $code > {q(str(exit_file))}; "
             f"echo \"[exited with status $code]\" )")
 

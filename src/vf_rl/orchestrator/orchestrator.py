@@ -24,16 +24,26 @@ from vf_rl.algorithm.advantage import AdvantageFn, compute_advantages, group_mea
 from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
 from vf_rl.env_api.errors import AllRolloutsFailed
-from vf_rl.inference.client import openai_client, request_count
+from vf_rl.inference.client import ENGINE_DEAD, openai_client, request_count
 from vf_rl.orchestrator.filtering import DifficultyFilter
 from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
 from vf_rl.orchestrator.samples import Sample, exceeds_max_seq_len, rollout_to_samples
 from vf_rl.orchestrator.watch import EVAL, orchestrator_watch
 from vf_rl.watchdog import Limits, Watch, wait_watched
 
-SERVER_ERRORS = ("APIConnectionError",)
-"""Exception names in a rollout's error that mean the server could not be reached (it died or
-restarts)."""
+SERVER_ERRORS = ("APIConnectionError", ENGINE_DEAD)
+"""What a rollout's error names when the server could not answer it: unreachable (it died or
+restarts), or its engine died (the server then stops and is restarted)."""
+
+
+class WeightsLost(Exception):
+    """The weight update a batch was to be generated with failed, so the batch was not generated."""
+
+
+def weights_lost_line(step: int) -> str:
+    """The line that says batch ``step`` (0-based) is generated late, with the current weights."""
+    return (f"[orchestrator] batch {step}: the weight update it was to be generated with failed; it is generated "
+            "when the trainer takes it, with the current weights")
 
 
 @dataclass
@@ -211,7 +221,10 @@ class Orchestrator:
             policy_step: the optimizer step whose weights the server holds (default ``step``);
                 ``step - policy_step`` is logged as ``off_policy/staleness``.
             after: a ``concurrent.futures.Future`` to wait for first (a weight update still
-                being pushed); its error is left to whoever pushed it.
+                being pushed). If it fails, the batch is not generated then (rollouts from the
+                weights before it would be further off-policy than the run allows) but when
+                :meth:`wait` takes it, after the trainer has handled the push's error (waited for
+                the restarted server and pushed the current weights).
         """
         if step not in self._futures:
             self._policy_step = step if policy_step is None else policy_step
@@ -231,6 +244,14 @@ class Orchestrator:
             Stalled: no progress for ``stall_timeout`` s (``vf_rl.watchdog``).
         """
         self.submit(step)
+        try:
+            return self._take(step, on_progress)
+        except WeightsLost:
+            print(weights_lost_line(step), file=sys.stderr, flush=True)
+            self.submit(step)
+            return self._take(step, on_progress)
+
+    def _take(self, step: int, on_progress: Callable[[int, int], None] | None) -> Batch:
         future = self._futures[step]
         report_progress(future, lambda: self.progress(step), self.batch_size, on_progress,
                         self.watch(step, f"batch {step + 1}"))
@@ -320,8 +341,10 @@ class Orchestrator:
 
     async def _generate(self, step: int, staleness: int = 0, after: Future | None = None) -> Batch:
         if after is not None:
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wrap_future(after)
+            except Exception:  # the trainer handles the push's error; this batch is not generated
+                raise WeightsLost(step) from None
         start = time.perf_counter()
         rows = self.rows_for_step(step)
         self._done[step] = 0

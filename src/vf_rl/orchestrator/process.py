@@ -31,7 +31,7 @@ from typing import Callable
 
 from vf_rl.config.sections import OrchestratorConfig
 from vf_rl.env_api import Environment, Rollout
-from vf_rl.orchestrator.orchestrator import INTERFACE, Batch, Orchestrator, report_progress
+from vf_rl.orchestrator.orchestrator import INTERFACE, Batch, Orchestrator, report_progress, weights_lost_line
 from vf_rl.orchestrator.watch import EVAL, orchestrator_watch
 from vf_rl.parent_watch import kill_children, start_parent_watch
 from vf_rl.watchdog import Limits, in_daemon, wait_watched
@@ -199,12 +199,17 @@ class OrchestratorProcess:
 
     def submit(self, step: int, policy_step: int | None = None, after: Future | None = None) -> None:
         """As ``Orchestrator.submit``: with a pending ``after``, the batch is sent to the
-        orchestrator's process when ``after`` is done."""
-        if after is None or after.done():
+        orchestrator's process when ``after`` is done; when ``after`` failed, :meth:`wait` sends it."""
+        if after is None or (after.done() and after.exception() is None):
             self._remote.submit(step, policy_step)
+        elif after.done():  # it failed: wait() submits the batch, after the retry
+            print(weights_lost_line(step), file=sys.stderr, flush=True)
         elif step not in self._gates:
             def release():
                 wait_futures([after])
+                if after.exception() is not None:  # not generated now: wait() submits it, after the retry
+                    print(weights_lost_line(step), file=sys.stderr, flush=True)
+                    return
                 with contextlib.suppress(Exception):  # closed meanwhile; else wait() submits it
                     self._remote.submit(step, policy_step)
 

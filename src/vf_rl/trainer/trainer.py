@@ -20,7 +20,6 @@ import time
 from concurrent.futures import Future
 from pathlib import Path
 
-import httpx
 import psutil
 import torch
 from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -31,7 +30,7 @@ from vf_rl.algorithm.loss import LossFn, get_loss
 from vf_rl.config.resolved_toml import record_python_run
 from vf_rl.config.rl_config import RLConfig, resolve_temperature
 from vf_rl.env_api import Environment
-from vf_rl.inference.client import InferenceClient
+from vf_rl.inference.client import SERVER_LOST, InferenceClient
 from vf_rl.inference.supervision import MAX_RESTARTS
 from vf_rl.orchestrator.metrics import env_metrics, rollout_metrics
 from vf_rl.orchestrator.orchestrator import Batch, Orchestrator
@@ -250,8 +249,10 @@ class RLTrainer(CheckpointingTrainer):
 
     def _wait_for_batch(self, step: int) -> Batch:
         """``orchestrator.wait(step)``; a batch that lost rollouts to an unreachable server (it
-        was killed, and ``vf-rl`` restarts it) is generated again once the server is back, with
-        the current weights pushed first, so no rollout is scored 0 for the crash.
+        was killed or its engine died, and ``vf-rl`` restarts it) is generated again once the
+        server is back, with the current weights pushed first, so no rollout is scored 0 for the
+        crash. A batch whose weight update failed is generated only now, after the update's
+        retry (``_pushed``), so no rollout comes from the weights before it.
 
         Raises:
             ServerExited: the server exited for good (restarts used up, start-up error, Ctrl-C).
@@ -394,7 +395,7 @@ class RLTrainer(CheckpointingTrainer):
         weights. Then only the servers that got the weights take rollouts."""
         try:
             reached = push()
-        except httpx.TransportError:  # the server went away (killed): it is restarted, wait for it
+        except SERVER_LOST:  # the server went away (killed, or its engine died): it is restarted, wait for it
             if len(self.servers) > 1 or self.servers[0].is_healthy():
                 raise
             self._reconnect("the weight sync could not reach the inference server")

@@ -1,0 +1,109 @@
+"""Kill the vLLM engine process of a running ``vf-rl`` run with SIGKILL, mid-generation or mid-push.
+
+    python3 scripts/gpu/kill_engine.py --run-dir OUTPUT_DIR --port PORT --step N --when generating|pushing
+
+Waits until the run's ``metrics.jsonl`` has step ``N``, then finds the engine processes (``VLLM::EngineCore``)
+under the ``vf-vllm`` listening on ``PORT`` and kills them, the API server left alive, as a CUDA fault or the
+kernel's OOM killer would end the engine:
+
+- ``generating``: as soon as vLLM's ``/metrics`` shows requests running;
+- ``pushing``: once a batch's requests have all finished (the trainer takes the batch and pushes the weights it
+  is to be generated with next), the engine is stopped (SIGSTOP) so that the push cannot finish, and killed
+  3 s later with the push in flight.
+
+Prints one line per event (JSON) and exits 0 once the kill is done, 1 if the run ended first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+
+def logged_step(metrics: Path) -> int:
+    """The last step of ``metrics.jsonl`` with a reward (0 before the first)."""
+    steps = [0]
+    if metrics.exists():
+        for line in metrics.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if "reward" in record:
+                steps.append(int(record.get("step", 0)))
+    return max(steps)
+
+
+def running_requests(port: int) -> float | None:
+    """vLLM's ``vllm:num_requests_running`` (summed over engines), or ``None`` while unreachable."""
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+    except httpx.HTTPError:
+        return None
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
+
+
+def engines(port: int) -> list[psutil.Process]:
+    """The engine processes under the process that listens on ``port``."""
+    for conn in psutil.net_connections("tcp"):
+        if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+            children = psutil.Process(conn.pid).children(recursive=True)
+            return [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+    return []
+
+
+def say(event: str, **fields) -> None:
+    print(json.dumps({"t": round(time.time(), 3), "event": event, **fields}), flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--step", type=int, default=3)
+    parser.add_argument("--when", choices=["generating", "pushing"], required=True)
+    parser.add_argument("--timeout", type=float, default=900.0)
+    a = parser.parse_args()
+    deadline = time.monotonic() + a.timeout
+    while logged_step(a.run_dir / "metrics.jsonl") < a.step:
+        if time.monotonic() > deadline or (a.run_dir / "summary.json").exists():
+            say("run ended first")
+            return 1
+        time.sleep(0.1)
+    say("step logged", step=a.step)
+    seen_running = False
+    while time.monotonic() < deadline:
+        running = running_requests(a.port)
+        if running:
+            seen_running = True
+        if a.when == "generating" and running:
+            targets = engines(a.port)
+            for p in targets:
+                os.kill(p.pid, signal.SIGKILL)
+            say("killed mid-generation", running=running, pids=[p.pid for p in targets])
+            return 0 if targets else 1
+        if a.when == "pushing" and seen_running and running == 0:
+            targets = engines(a.port)
+            for p in targets:
+                os.kill(p.pid, signal.SIGSTOP)
+            say("stopped after the batch drained", pids=[p.pid for p in targets])
+            time.sleep(3)
+            for p in targets:
+                os.kill(p.pid, signal.SIGKILL)
+            say("killed mid-push", pids=[p.pid for p in targets])
+            return 0 if targets else 1
+        time.sleep(0.01)
+    say("timed out")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
