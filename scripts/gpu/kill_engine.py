@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -51,12 +52,26 @@ def running_requests(port: int) -> float | None:
                if line.startswith("vllm:num_requests_running"))
 
 
+def gpu_pids() -> set[int]:
+    """The processes nvidia-smi lists on any GPU (none where it is missing)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {int(line) for line in out.split() if line.strip().isdigit()}
+
+
 def engines(port: int) -> list[psutil.Process]:
-    """The engine processes under the process that listens on ``port``."""
+    """The engine processes under the process that listens on ``port``: those titled
+    ``VLLM::EngineCore`` (vLLM sets the title where ``setproctitle`` is installed), else those of
+    its descendants that hold a GPU (the API server holds none)."""
     for conn in psutil.net_connections("tcp"):
         if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
             children = psutil.Process(conn.pid).children(recursive=True)
-            return [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+            named = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+            on_gpu = gpu_pids()
+            return named or [p for p in children if p.pid in on_gpu]
     return []
 
 
