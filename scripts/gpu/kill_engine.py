@@ -64,14 +64,18 @@ def gpu_pids() -> set[int]:
 
 def engines(port: int) -> list[psutil.Process]:
     """The engine processes under the process that listens on ``port``: those titled
-    ``VLLM::EngineCore`` (vLLM sets the title where ``setproctitle`` is installed), else those of
-    its descendants that hold a GPU (the API server holds none)."""
+    ``VLLM::EngineCore`` (vLLM sets the title where ``setproctitle`` is installed), else its
+    children forked without an exec (the server's own command line: vf-vllm forks the engine on a
+    GPU; multiprocessing's resource tracker and torch's compile workers exec), else its
+    descendants that hold a GPU (the API server holds none)."""
     for conn in psutil.net_connections("tcp"):
         if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-            children = psutil.Process(conn.pid).children(recursive=True)
+            server = psutil.Process(conn.pid)
+            children = server.children(recursive=True)
             named = [p for p in children if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]
+            forked = [p for p in server.children() if p.cmdline() == server.cmdline()]
             on_gpu = gpu_pids()
-            return named or [p for p in children if p.pid in on_gpu]
+            return named or forked or [p for p in children if p.pid in on_gpu]
     return []
 
 
