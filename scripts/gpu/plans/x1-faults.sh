@@ -17,6 +17,7 @@
 #   estimate: `vf-rl @ cfg --preflight --json` (its estimate of the wall clock of max_steps = 150), then the run
 #     itself timed from `vf-rl` to its exit (issue 75: within 30%).
 #   oom: plans/x1-oom.sh with RUNS=$OOM_RUNS (default "split stop"), LIMIT (default 420) per run.
+#   PARALLEL=1: engine-gen and engine-push at once on the GPU, 40 s apart (to fit a short lease).
 # Results: /tmp/e2e/faults.log (each part's summary), /tmp/e2e/fault-NAME/ (vf-rl.log, kill.log, the run), the
 # pre-flight's JSON /tmp/e2e/faults-estimate.json; `poll` collects them.
 S=scripts/gpu/session.sh
@@ -78,8 +79,12 @@ kill_run() {  # kill_run NAME WHEN PORT
   tmux kill-session -t $name 2>/dev/null
 }
 parts=" ${PARTS:-engine-gen engine-push estimate oom} "
-[[ $parts == *" engine-gen "* ]] && kill_run engine-gen generating 8211
-[[ $parts == *" engine-push "* ]] && kill_run engine-push pushing 8212
+if [ "${PARALLEL:-0}" = 1 ]; then  # both kill runs at once on the GPU (each vLLM takes its own share), 40 s apart
+  kill_run engine-gen generating 8211 & sleep 40; kill_run engine-push pushing 8212; wait
+else
+  [[ $parts == *" engine-gen "* ]] && kill_run engine-gen generating 8211
+  [[ $parts == *" engine-push "* ]] && kill_run engine-push pushing 8212
+fi
 if [[ $parts == *" estimate "* ]]; then
   rm -rf /tmp/e2e/fault-estimate; mkdir -p /tmp/e2e/fault-estimate; cfg estimate 150 8213
   timeout 400 python3 -m vf_rl.launcher.main @ /tmp/runs/estimate.toml --preflight \
