@@ -154,10 +154,12 @@ def test_builtin_dapo_and_grpo_advantage_train(server, model_dir, tmp_path, rest
 
 
 @pytest.mark.server
+@pytest.mark.slow
 # each formula is checked in the default tier (test_loss.py:
-# test_trl_losses_match_their_formulas_over_micro_batches_and_processes); one of them trains there
-@pytest.mark.parametrize("loss_type", ["grpo", *(pytest.param(name, marks=pytest.mark.slow)
-                                                 for name in ("dr_grpo", "bnpo", "gspo"))])
+# test_trl_losses_match_their_formulas_over_micro_batches_and_processes), each name's resolution there too
+# (test_losses_resolve_by_name_and_module_path), and a loss chosen by config key trains there
+# (test_example_loss_trains_by_config_key_alone)
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "gspo"])
 def test_trl_loss_types_train(server, model_dir, tmp_path, restore_base_weights, loss_type):
     """TRL's loss names train by the config key alone: two steps of vf-train each, with the clip's statistics
     (GSPO's sequence ratio besides)."""
