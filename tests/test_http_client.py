@@ -110,3 +110,49 @@ def test_the_watchdogs_request_count_works_with_each_openai(overlay):
     assert module == ("httpx2" if int(version.split(".")[0]) >= 3 else "httpx")
     if overlay == "classic-overlay":
         assert int(version.split(".")[0]) >= 3, version  # the case this test exists for
+
+
+def test_an_engine_dead_answer_is_a_lost_server_not_a_failure():
+    """vf-vllm answers 500 with vLLM's EngineDeadError message once its engine died: the client
+    raises ``EngineDied``, one of ``SERVER_LOST`` (what the trainer waits out); another 500 stays
+    an error. (The real engine death: test_faults.py's engine cases, slow tier.)"""
+    import httpx
+
+    from vf_rl.inference.client import SERVER_LOST, EngineDied, InferenceClient
+
+    def answer(request):
+        message = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+        if request.url.path == "/update_weights":
+            return httpx.Response(500, json={"error": f"EngineDeadError: {message}"})
+        return httpx.Response(500, json={"error": "ValueError: no such weights"})
+
+    client = InferenceClient(port=1)
+    client.http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(answer))
+    with pytest.raises(EngineDied) as lost:
+        client.update_weights("/x")
+    assert isinstance(lost.value, SERVER_LOST)
+    with pytest.raises(RuntimeError) as other:
+        client.update_weights_broadcast([])
+    assert not isinstance(other.value, SERVER_LOST)
+
+
+def test_a_weight_update_in_flight_ends_when_the_engine_dies():
+    """vLLM leaves a call to a dead engine unanswered; the route gives it up once the engine
+    client's ``errored`` turns true, raising the engine's ``dead_error`` (vLLM's engine is stood in
+    for by its two attributes; the real death: test_faults.py's engine cases, slow tier)."""
+    from vf_rl.inference.routes import ENGINE_POLL_S, _while_engine_lives
+
+    class Engine:  # the two attributes of vLLM's AsyncLLM that the route reads
+        errored = False
+        dead_error = RuntimeError("EngineCore encountered an issue.")
+
+    async def main():
+        engine = Engine()
+        never = asyncio.get_running_loop().create_future()  # the call the dead engine never answers
+        assert await _while_engine_lives(engine, asyncio.sleep(0.01, result=[1])) == [1]
+        asyncio.get_running_loop().call_later(0.2, setattr, engine, "errored", True)
+        with pytest.raises(RuntimeError, match="EngineCore encountered an issue"):  # not asyncio's TimeoutError:
+            await asyncio.wait_for(_while_engine_lives(engine, never), 100 * ENGINE_POLL_S)  # a guard, not a bound
+        assert never.cancelled()
+
+    asyncio.run(main())

@@ -202,9 +202,7 @@ class OrchestratorProcess:
         orchestrator's process when ``after`` is done; when ``after`` failed, :meth:`wait` sends it."""
         if after is None or (after.done() and after.exception() is None):
             self._remote.submit(step, policy_step)
-        elif after.done():  # it failed: wait() submits the batch, after the retry
-            print(weights_lost_line(step), file=sys.stderr, flush=True)
-        elif step not in self._gates:
+        elif step not in self._gates:  # pending, or failed (the gate then returns at once)
             def release():
                 wait_futures([after])
                 if after.exception() is not None:  # not generated now: wait() submits it, after the retry
