@@ -114,7 +114,7 @@ def test_a_batch_where_every_rollout_fails_ends_vf_train_in_one_line(server, mod
     result = subprocess.run([sys.executable, "-m", "vf_rl.trainer.cli", "@", str(config)], cwd=tmp_path,
                             capture_output=True, text=True, timeout=900)
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
-    assert ("vf-train: error: every rollout of batch 0 failed; the first (reward error): reward function needs_score "
+    assert ("vf-train: error: every rollout of batch 1 failed; the first (reward error): reward function needs_score "
             "raised KeyError: 'score'") in result.stderr
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
 

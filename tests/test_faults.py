@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, start_server, write_cpu_config
+from conftest import CORES, free_port, start_server, wait_for_memory, write_cpu_config
 
+from vf_rl.config.cpus import SERVER_CORES_ENV
 from vf_rl.config.schema import load_config
 from vf_rl.inference.supervision import supervised_shell
 from vf_rl.parent_watch import kill_tree
@@ -268,3 +269,96 @@ def test_ctrl_c_ends_the_server_when_its_engine_died_under_open_requests(model_d
         if server.process.poll() is None:
             os.killpg(server.process.pid, signal.SIGKILL)
             pytest.fail("vf-vllm still runs 240 s after Ctrl-C:\n" + server.log.read_text()[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.server
+def test_engine_killed_mid_broadcast_is_restarted_and_the_run_goes_on(model_dir, base_weights, tmp_path, monkeypatch,
+                                                                      capfd):
+    """The ``nccl`` transport's code (a broadcast group, here over gloo on the CPU; the trainer
+    in this process) with vf-vllm under the Inference pane's restart loop: vLLM's engine process is
+    SIGKILLed in the middle of the second weight update, once two of its buckets have gone out.
+    The push ends with the server's answer that it was lost (not a broken-group error), the loop
+    restarts the server, the trainer opens a new group with it and pushes the current weights, the
+    batch that waited for the lost update is generated after that, and the run has every step once,
+    no rollout lost, and the dataset rows of an undisturbed run."""
+    import psutil
+    import torch
+
+    from vf_rl import RLConfig, RLTrainer
+    from vf_rl.environments.reverse_text import load_environment
+    from vf_rl.inference.client import InferenceClient
+    from vf_rl.inference.communicator import BroadcastGroup
+    from vf_rl.trainer import weight_sync as weight_sync_module
+    from vf_rl.trainer.weight_sync import BroadcastSync
+
+    port, files = free_port(), {k: tmp_path / k for k in ("inference.log", "inference.exit", "restarts", "trainer.exit")}
+    command = (f"{sys.executable} -m vf_rl.inference.server --model {model_dir} --port {port} --enforce-eager "
+               "--max-model-len 512")
+    wait_for_memory()
+    loop = subprocess.Popen(["bash", "-c", supervised_shell(command, files["inference.log"], files["inference.exit"],
+                                                            files["restarts"], files["trainer.exit"])],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "VLLM_CACHE_ROOT": str(tmp_path / "cache"),
+                                 **({SERVER_CORES_ENV: CORES[0]} if CORES and SERVER_CORES_ENV not in os.environ
+                                    else {})})
+    pushes, sent, killed = [], [0], []  # buckets per weight update; of the current one sent; engines killed
+    real_send, real_broadcast = BroadcastSync._send, BroadcastGroup.broadcast
+
+    def send(self, snapshot):  # counts the weight updates and their buckets
+        pushes.append(len(snapshot[0]))
+        sent[0] = 0
+        return real_send(self, snapshot)
+
+    def broadcast(self, tensor, *args, **kwargs):  # the trainer's side: the engine dies after bucket 2 of update 2
+        real_broadcast(self, tensor, *args, **kwargs)
+        if self.rank == 0:
+            sent[0] += 1
+            if len(pushes) == 2 and sent[0] == 2 and not killed:
+                engines = [p for p in psutil.Process(loop.pid).children(recursive=True) if "EngineCore" in p.name()]
+                assert engines, "no engine process under vf-vllm"
+                for p in engines:
+                    p.kill()
+                killed.append(len(engines))
+
+    def make(kind, client, *args):  # 16 MB buckets: SmolLM2's ~540 MB of float32 weights in some 31 broadcasts
+        return BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120, bucket_bytes=16 << 20)
+
+    monkeypatch.setattr(BroadcastSync, "_send", send)
+    monkeypatch.setattr(BroadcastGroup, "broadcast", broadcast)
+    monkeypatch.setattr(weight_sync_module, "choose_weight_sync", lambda *args, **kwargs: "nccl")
+    monkeypatch.setattr(weight_sync_module, "make_weight_sync", make)
+
+    def train(out: Path) -> str:
+        args = RLConfig(output_dir=str(out), use_cpu=True, vllm_server_port=port, vllm_server_timeout=600,
+                        batch_size=4, rollouts_per_example=2, micro_batch_size=4, max_tokens=8, max_steps=4,
+                        learning_rate=1e-3, logging_steps=1, save_steps=100, report_to=[])
+        env = load_environment("reverse-text", source="offline", num_train_examples=16, num_eval_examples=1)
+        RLTrainer(model=str(model_dir), env=env, args=args, served_model_name=str(model_dir)).train()
+        printed = capfd.readouterr()
+        return printed.out + printed.err
+
+    try:
+        output = train(tmp_path / "run")
+        assert killed, f"the second weight update never sent two buckets (updates: {pushes})"
+        assert len(pushes) >= 4 and pushes[1] > 2  # the lost update had buckets left to send
+        restarts = files["restarts"].read_text().splitlines()
+        assert len(restarts) == 1 and restarts[0].split()[-1] == "0"  # vLLM's API server ended by itself
+        assert "the weight sync could not reach the inference server" in output, output[-4000:]
+        assert "inference server back; current weights pushed" in output
+        # batch 4 was to be generated with update 2 (the weights after step 2): it is generated late, on-policy
+        assert "[orchestrator] batch 4: the weight update it was to be generated with failed" in output, output[-4000:]
+        steps = [r for r in jsonl(tmp_path / "run" / "metrics.jsonl") if "reward" in r]
+        assert [r["step"] for r in steps] == [1, 2, 3, 4]
+        assert steps[-1]["server/reconnects"] == 1 and steps[3]["off_policy/staleness"] == 0.0
+        for r in steps:  # no rollout lost to the kill
+            assert r["errors/rate"] == 0.0, r
+        # the undisturbed reference, against the restarted server given the base weights back
+        InferenceClient(port=port).update_weights(str(base_weights))
+        pushes.clear()  # its second update is not killed: `killed` is not empty
+        train(tmp_path / "ref")
+        assert jsonl(tmp_path / "run" / "batches.jsonl") == jsonl(tmp_path / "ref" / "batches.jsonl")
+    finally:
+        files["trainer.exit"].write_text("0\n")
+        kill_tree(loop.pid)
+        loop.wait(timeout=60)

@@ -320,7 +320,7 @@ def test_orchestrator_thread_generates_a_batch_whose_push_failed_when_it_is_take
         batch = orchestrator.wait(1)
         assert batch.step == 1 and len(batch.rollouts) == 4 and all(r.error is None for r in batch.rollouts)
         assert batch.metrics["off_policy/staleness"] == 0.0
-        assert "batch 1: the weight update it was to be generated with failed" in capfd.readouterr().err
+        assert "[orchestrator] batch 2: the weight update it was to be generated with failed" in capfd.readouterr().err
     finally:
         orchestrator.close()
 
@@ -362,7 +362,7 @@ def test_orchestrator_process_batches_gate_and_errors(server, model_dir):
         orchestrator.close()
     bad = OrchestratorProcess(env_source(env), rows).start(**{**options, "model_name": "no-such-model"})
     try:
-        with pytest.raises(RuntimeError, match="every rollout of batch 0 failed"):
+        with pytest.raises(RuntimeError, match="every rollout of batch 1 failed"):
             bad.wait(0)
     finally:
         bad.close()

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -205,6 +206,69 @@ def test_overlapped_push_sends_the_weights_of_the_moment_it_was_started(server, 
         sync.close()
 
 
+TRAINER_DIES_MID_BROADCAST = """
+import os, signal, sys
+import torch
+from transformers import AutoModelForCausalLM
+from vf_rl.inference.client import InferenceClient
+from vf_rl.inference.communicator import BroadcastGroup
+from vf_rl.trainer.weight_sync import BroadcastSync
+
+real = BroadcastGroup.broadcast
+sent = []
+
+def broadcast(self, tensor, *args, **kwargs):  # the trainer process dies once two buckets have gone out
+    real(self, tensor, *args, **kwargs)
+    sent.append(1)
+    if len(sent) == 2:
+        print("two buckets sent", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+BroadcastGroup.broadcast = broadcast
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32)
+BroadcastSync(InferenceClient(port=int(sys.argv[1])), torch.device("cpu"), backend="gloo", timeout_s=120,
+              bucket_bytes=16 << 20).push(model)
+"""
+
+
+def test_a_trainer_that_dies_mid_broadcast_leaves_the_server_serving_and_a_new_group_works(
+        server, env, tokenizer, tmp_path, restore_base_weights):
+    """A trainer process SIGKILLed in the middle of a broadcast weight update (the ``nccl``
+    transport's code over gloo), once two of its ~31 buckets have gone out: vf-vllm's worker
+    prints one line naming the bucket it was waiting for and the trainer, leaves the group and keeps
+    serving; the next trainer forms a new group and its update arrives whole (the server's log-probs
+    are that trainer's policy's)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "dies.py"
+    script.write_text(TRAINER_DIES_MID_BROADCAST)
+    log_before = server.log.read_text()
+    died = subprocess.run([sys.executable, str(script), str(server.port), server.model], capture_output=True,
+                          text=True, timeout=600)
+    assert died.returncode == -9 and "two buckets sent" in died.stdout, died.stdout + died.stderr[-3000:]
+    client = InferenceClient(port=server.port)
+    lines = []
+    for _ in range(120):  # the worker's line (its broadcast breaks off as the trainer's connections close)
+        lines = re.findall(r"^\[vf-rl\] weight update broken off at bucket .*$",
+                           server.log.read_text()[len(log_before):], re.M)
+        if lines:
+            break
+        time.sleep(0.5)
+    assert len(lines) == 1, server.log.read_text()[len(log_before):][-3000:]
+    print(lines[0])
+    assert re.match(r"\[vf-rl\] weight update broken off at bucket [23]/\d+: the trainer \(rank 0 of the broadcast "
+                    r"group\) stopped sending \(\w+: [^[].*\)$", lines[0]), lines[0]
+    assert client.is_healthy()
+    policy = trained_lora_policy(server.model)
+    sync = BroadcastSync(client, torch.device("cpu"), backend="gloo", timeout_s=120)
+    try:
+        assert sync.push(policy) == [0]
+        assert max_logprob_diff(policy, server, env, tokenizer) < TOLERANCE
+    finally:
+        sync.close()
+
+
 @pytest.mark.parametrize("shares_gpu", [False, True])
 def test_trainer_overlaps_the_push_with_the_next_step(server, tmp_path, monkeypatch, restore_base_weights, capfd,
                                                       shares_gpu):
@@ -290,7 +354,7 @@ def test_failing_rollouts_are_errors_with_reward_zero_and_training_goes_on(serve
         printed = capfd.readouterr().err
         assert printed.count("no score for this row") == 1 and "2/4 rollouts failed (reward 0, no loss; reward error)" in printed
         orch.rows = [rows[1]]  # every rollout of the next batch fails
-        with pytest.raises(AllRolloutsFailed, match=r"every rollout of batch 1 failed; the first \(reward error\): "
+        with pytest.raises(AllRolloutsFailed, match=r"every rollout of batch 2 failed; the first \(reward error\): "
                                                     "reward function picky raised KeyError"):
             orch.wait(1)
     finally:

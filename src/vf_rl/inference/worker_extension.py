@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -204,7 +205,9 @@ class WeightSyncExtension:
         Returns:
             ``{"tensors": int, "seconds": float}``.
         Raises:
-            RuntimeError: no broadcast group (``vf_init_broadcast`` was not called).
+            RuntimeError: no broadcast group (``vf_init_broadcast`` was not called), or the
+                broadcast broke off (the trainer died or stopped sending): this worker leaves the
+                group (the next ``vf_init_broadcast`` forms a new one) and prints one line first.
         """
         import torch
 
@@ -216,7 +219,10 @@ class WeightSyncExtension:
         for i, data in enumerate(buckets):
             bucket = Bucket.from_json(data)
             buffer = torch.empty(bucket.numel, dtype=DTYPES[bucket.dtype], device=group.device)
-            group.broadcast(buffer, what=f"weight bucket {i + 1}/{len(buckets)}")  # watched (communicator.py)
+            try:
+                group.broadcast(buffer, what=f"weight bucket {i + 1}/{len(buckets)}")  # watched (communicator.py)
+            except Exception as exc:
+                raise self._vf_broken_off(exc, i, len(buckets), loaded=direct and i > 0) from exc
             pending += unpack_bucket(bucket, buffer)
             if direct:
                 tensors += self._vf_reload(pending, start)["tensors"]
@@ -224,6 +230,28 @@ class WeightSyncExtension:
         if pending:
             tensors += self._vf_reload(pending, start)["tensors"]
         return {"tensors": tensors, "seconds": time.perf_counter() - start}
+
+    def _vf_broken_off(self, exc: Exception, index: int, count: int, loaded: bool) -> RuntimeError:
+        """After a broadcast that broke off at bucket ``index`` (0-based) of ``count``: leave the
+        group, print one line (the Inference pane and its log) and return the error to raise.
+        ``loaded``: the buckets before it are already in the model, so until the trainer's next
+        update the weights are partly the new ones (the trainer pushes its own at its next start,
+        or right after a resume)."""
+        from vf_rl.watchdog import Stalled
+
+        self._vf_group.close()
+        self._vf_group = None
+        if isinstance(exc, Stalled):  # the watchdog's own line: who waited on whom, how long
+            line = str(exc)
+        else:
+            # the error's first sentence, without a leading source location ("[.../pair.cc:537] Read error ...")
+            cause = re.sub(r"^\[[^\]]*\] ", "", (str(exc).strip().splitlines() or [""])[0]).split(". ")[0][:300]
+            line = (f"[vf-rl] weight update broken off at bucket {index + 1}/{count}: the trainer (rank 0 of the "
+                    f"broadcast group) stopped sending ({type(exc).__name__}: {cause})")
+        if loaded:
+            line += "; the buckets before it are loaded, so the weights are partly new until the next update"
+        print(line, flush=True)
+        return RuntimeError(line)
 
     # --- the ipc transport (a trainer on this worker's GPU) -----------------------------------
 

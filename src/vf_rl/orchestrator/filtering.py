@@ -99,7 +99,7 @@ class DifficultyFilter(FilteringConfig):
             candidates = draw(rounds, math.ceil(missing / rate))
         groups = len(kept) + len(dropped)
         if len(kept) < needed:
-            print(f"[orchestrator] batch {step}: only {len(kept)}/{needed} groups had reward spread after "
+            print(f"[orchestrator] batch {step + 1}: only {len(kept)}/{needed} groups had reward spread after "
                   f"{rounds} round(s) ({groups} groups generated); the rest are groups the filter dropped "
                   "(raise max_filter_rounds or oversampling_factor, or lower difficulty_threshold)",
                   file=sys.stderr, flush=True)

@@ -41,8 +41,9 @@ class WeightsLost(Exception):
 
 
 def weights_lost_line(step: int) -> str:
-    """The line that says batch ``step`` (0-based) is generated late, with the current weights."""
-    return (f"[orchestrator] batch {step}: the weight update it was to be generated with failed; it is generated "
+    """The line that says the batch of step ``step`` (0-based; the line counts from 1, as the trainer
+    does) is generated late, with the current weights."""
+    return (f"[orchestrator] batch {step + 1}: the weight update it was to be generated with failed; it is generated "
             "when the trainer takes it, with the current weights")
 
 
@@ -258,7 +259,7 @@ class Orchestrator:
         try:
             return future.result(timeout=self.generation_timeout + 60)  # generate() itself stops at the timeout
         except FutureTimeout:
-            raise TimeoutError(f"batch {step}: the environment did not return within generation_timeout "
+            raise TimeoutError(f"batch {step + 1}: the environment did not return within generation_timeout "
                                f"({self.generation_timeout:.0f} s) + 60 s") from None
         finally:
             self._futures.pop(step, None)  # taken (in flight until then: state() shows it)
@@ -382,10 +383,10 @@ class Orchestrator:
         if len(self.clients) > 1:  # a server that could not be reached gets no rollouts until the next sync
             self.active -= lost
         if len(errors) == len(rollouts) and not server_errors:
-            raise AllRolloutsFailed(f"every rollout of batch {step} failed; the first ({errors[0].error_kind} "
+            raise AllRolloutsFailed(f"every rollout of batch {step + 1} failed; the first ({errors[0].error_kind} "
                                     f"error): {errors[0].error}")
         for (kind, cause), count in Counter((r.error_kind, r.error) for r in errors).items():  # each cause once
-            print(f"[orchestrator] batch {step}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss; "
+            print(f"[orchestrator] batch {step + 1}: {count}/{len(rollouts)} rollouts failed (reward 0, no loss; "
                   f"{kind} error): {cause}", file=sys.stderr, flush=True)
         advantages = compute_advantages(self.advantage_fn, rollouts, self.rollouts_per_example)
         samples = []

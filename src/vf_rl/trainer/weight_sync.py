@@ -51,7 +51,7 @@ import torch
 
 from vf_rl.config.rules import choose_weight_sync
 from vf_rl.inference.buckets import empty_buffers, pack_buckets, plan_buckets
-from vf_rl.inference.client import InferenceClient, server_load
+from vf_rl.inference.client import SERVER_LOST, InferenceClient, server_load
 from vf_rl.inference.communicator import device_uuid
 from vf_rl.trainer.weights import export_weights, merged_tensors
 from vf_rl.watchdog import Limits, Look, Stalled, Watch, in_daemon, wait_watched
@@ -244,6 +244,7 @@ class BroadcastSync(_Transport):
         self.buckets_sent = 0
 
     overlaps = True
+    LOST_ANSWER_S = 10.0  # after a failed broadcast, how long a server has to answer why (its engine died)
 
     def _snapshot(self, model: torch.nn.Module) -> tuple[list, list[torch.Tensor]]:
         buckets = plan_buckets(merged_tensors(model, merge=False), self.bucket_bytes)
@@ -255,8 +256,15 @@ class BroadcastSync(_Transport):
         buckets, buffers = snapshot
         announced = [b.to_json() for b in buckets]
         received = [in_daemon(lambda c=c: c.update_weights_broadcast(announced)) for c in self.clients]
-        for buffer in buffers:  # a server that answers while its workers should be receiving has failed
-            self.group.broadcast(buffer, failed=lambda: _first_error(received))
+        try:
+            for buffer in buffers:  # a server that answers while its workers should be receiving has failed
+                self.group.broadcast(buffer, failed=lambda: _first_error(received))
+        except Exception as exc:  # a member failed, or its process died under the broadcast
+            self.group.close()
+            lost = _server_lost(received, self.LOST_ANSWER_S)
+            if lost is not None:  # the server went down (its engine died): the trainer waits for it (_pushed)
+                raise lost from exc
+            raise
         for future in received:
             future.result()
         self.buckets_sent = len(buckets)
@@ -265,6 +273,19 @@ class BroadcastSync(_Transport):
     def close(self) -> None:
         super().close()
         self.group.close()
+
+
+def _server_lost(futures: list[Future], wait_s: float) -> BaseException | None:
+    """The first of the servers' answers (``futures``, waited for up to ``wait_s`` seconds in
+    all) that says the server went away: an error of ``SERVER_LOST`` (its engine died, or the
+    connection broke). ``None`` when every answer came and none says so, or none came in time."""
+    deadline = time.monotonic() + wait_s
+    for future in futures:
+        with contextlib.suppress(Exception):  # not done in time: a stopped server is the watchdog's
+            future.result(timeout=max(0.0, deadline - time.monotonic()))
+        if future.done() and isinstance(future.exception(), SERVER_LOST):
+            return future.exception()
+    return None
 
 
 def _first_error(futures: list) -> BaseException | None:
