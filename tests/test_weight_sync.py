@@ -249,3 +249,27 @@ def test_a_broadcast_a_member_will_never_join_fails_at_once_with_that_members_er
         trainer.broadcast(torch.ones(1 << 26), failed=failed)  # 256 MiB: more than a socket buffer holds
     drain.join(60)
     assert trainer.group is None and asked.is_set()
+
+
+def test_after_a_broken_broadcast_the_servers_answer_that_it_went_away_is_what_the_push_raises():
+    """``_server_lost``: of the servers' answers to a broadcast update that broke off, the first
+    that says the server went away (its engine died, a broken connection: ``SERVER_LOST``, which the
+    trainer waits out) is the push's error; another error, or no answer within the wait, is not."""
+    from concurrent.futures import Future
+
+    import httpx
+
+    from vf_rl.inference.client import EngineDied
+    from vf_rl.trainer.weight_sync import _server_lost
+
+    def answered(error=None, result=None) -> Future:
+        future = Future()
+        future.set_exception(error) if error is not None else future.set_result(result)
+        return future
+
+    died, reset = EngineDied("its vLLM engine died"), httpx.RemoteProtocolError("Server disconnected")
+    assert _server_lost([answered(result={}), answered(died)], 1.0) is died
+    assert _server_lost([answered(RuntimeError("OutOfMemoryError")), answered(reset)], 1.0) is reset
+    assert _server_lost([answered(RuntimeError("OutOfMemoryError"))], 1.0) is None
+    # a server that does not answer within the wait is the watchdog's to name
+    assert _server_lost([answered(result={}), Future()], 0.05) is None
