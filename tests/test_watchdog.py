@@ -77,9 +77,13 @@ def test_a_side_that_does_not_answer_counts_as_no_progress():
     assert stalled is not None and "the orchestrator gave no answer in " in str(stalled)
 
 
-def test_a_vllm_worker_waiting_on_the_trainers_broadcast_names_it(capsys):
+@pytest.mark.parametrize("first", ["either", "group"])
+def test_a_vllm_worker_waiting_on_the_trainers_broadcast_names_it(capsys, first):
     """The server's side: a vLLM worker (rank 1 of a real gloo group) waits for a weight bucket the
-    trainer never sends: one line after warning_s, Stalled at the group's timeout_s, group closed."""
+    trainer never sends: one line after warning_s, Stalled at the group's timeout_s, group closed.
+    The watch and the group's own timeout both stop at timeout_s; whichever comes first, the wait
+    ends with the watchdog's line (``group``: the group's timeout surely first, the watch's limit
+    raised past it)."""
     import torch
 
     from vf_rl.inference.communicator import BroadcastGroup, free_port
@@ -90,6 +94,8 @@ def test_a_vllm_worker_waiting_on_the_trainers_broadcast_names_it(capsys):
     worker.start()
     trainer = BroadcastGroup("127.0.0.1", port, 0, 2, "gloo", 3.0)
     worker.join()
+    if first == "group":  # the watch's stop at 60 s; gloo's own recv gives up after 3 s
+        groups[1].timeout_s = 60.0
     try:
         with pytest.raises(Stalled) as stalled:
             groups[1].broadcast(torch.empty(16), what="weight bucket 1/2")
@@ -98,8 +104,9 @@ def test_a_vllm_worker_waiting_on_the_trainers_broadcast_names_it(capsys):
     warning = capsys.readouterr().out.strip()
     assert warning.startswith("[vf-rl] watchdog: vf-vllm's worker (rank 1) has waited ")
     assert " on the trainer for weight bucket 1/2, no progress for " in warning
-    assert "the broadcast group gives up after timeout_s = 3 s" in warning
-    assert "(giving up this weight update after 3 s without progress: stall_timeout)" in warning
+    limit = 3 if first == "either" else 60
+    assert f"the broadcast group gives up after timeout_s = {limit} s" in warning
+    assert f"(giving up this weight update after {limit} s without progress: stall_timeout)" in warning
     assert str(stalled.value).startswith("[vf-rl] watchdog: giving up this weight update: vf-vllm's worker (rank 1)")
     assert groups[1].group is None
 

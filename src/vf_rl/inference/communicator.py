@@ -9,6 +9,7 @@ picks a free port for the store unless one is configured.
 from __future__ import annotations
 
 import datetime
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -83,7 +84,8 @@ class BroadcastGroup:
                 at ``timeout_s``).
         Raises:
             RuntimeError: ``failed`` returned an error (chained from it); the group is closed.
-            Stalled: the watched wait reached ``timeout_s``; the group is closed.
+            Stalled: the watched wait reached ``timeout_s`` (the watch's stop, or the group's own
+                timeout, whichever came first); the group is closed.
         """
         options = dist.BroadcastOptions()
         options.rootRank = 0
@@ -106,7 +108,13 @@ class BroadcastGroup:
                     self.close()
                     raise
             time.sleep(0.001)
-        work.wait()
+        try:
+            work.wait()
+        except Exception as exc:  # the group's own timeout can end a watched wait first: the same stop
+            if watch is None or not re.search(r"(?i)timed? ?out", str(exc)):
+                raise
+            self.close()
+            raise Stalled(watch.line(stopping=True)) from exc
         if self.backend == "nccl":
             torch.cuda.current_stream(self.device).synchronize()
 
