@@ -1,6 +1,7 @@
-"""Kill the vLLM engine process of a running ``vf-rl`` run with SIGKILL, mid-generation or mid-push.
+"""Kill the vLLM engine process (or the trainer) of a running ``vf-rl`` run with SIGKILL, mid-generation or mid-push.
 
     python3 scripts/gpu/kill_engine.py --run-dir OUTPUT_DIR --port PORT --step N --when generating|pushing
+        [--kill engine|trainer]
 
 Waits until the run's ``metrics.jsonl`` has step ``N``, then finds the engine processes (``VLLM::EngineCore``)
 under the ``vf-vllm`` listening on ``PORT`` and kills them, the API server left alive, as a CUDA fault or the
@@ -10,6 +11,10 @@ kernel's OOM killer would end the engine:
 - ``pushing``: once a batch's requests have all finished (the trainer takes the batch and pushes the weights it
   is to be generated with next), the engine is stopped (SIGSTOP) so that the push cannot finish, and killed
   3 s later with the push in flight.
+
+``--kill trainer`` kills the run's ``vf-train`` process (the one reading ``OUTPUT_DIR/resolved.toml``) instead,
+the same way: with ``pushing`` it is stopped as the batch drains (an ``nccl`` push under way: the vLLM workers
+wait in the broadcast) and killed 3 s later.
 
 Prints one line per event (JSON) and exits 0 once the kill is done, 1 if the run ended first.
 """
@@ -79,6 +84,18 @@ def engines(port: int) -> list[psutil.Process]:
     return []
 
 
+def trainers(run_dir: Path) -> list[psutil.Process]:
+    """The run's ``vf-train`` processes: those whose argv runs the trainer on ``run_dir/resolved.toml``."""
+    resolved = str(run_dir.resolve() / "resolved.toml")
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        argv = p.info["cmdline"] or []
+        if any(a.endswith(("vf-train", "vf_rl.trainer.cli")) and argv[i + 1:i + 3] == ["@", resolved]
+               for i, a in enumerate(argv)):
+            found.append(psutil.Process(p.info["pid"]))
+    return found
+
+
 def say(event: str, **fields) -> None:
     print(json.dumps({"t": round(time.time(), 3), "event": event, **fields}), flush=True)
 
@@ -89,8 +106,10 @@ def main() -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--step", type=int, default=3)
     parser.add_argument("--when", choices=["generating", "pushing"], required=True)
+    parser.add_argument("--kill", choices=["engine", "trainer"], default="engine")
     parser.add_argument("--timeout", type=float, default=900.0)
     a = parser.parse_args()
+    find = (lambda: engines(a.port)) if a.kill == "engine" else (lambda: trainers(a.run_dir))
     deadline = time.monotonic() + a.timeout
     while logged_step(a.run_dir / "metrics.jsonl") < a.step:
         if time.monotonic() > deadline or (a.run_dir / "summary.json").exists():
@@ -104,20 +123,20 @@ def main() -> int:
         if running:
             seen_running = True
         if a.when == "generating" and running:
-            targets = engines(a.port)
+            targets = find()
             for p in targets:
                 os.kill(p.pid, signal.SIGKILL)
-            say("killed mid-generation", running=running, pids=[p.pid for p in targets])
+            say("killed mid-generation", kill=a.kill, running=running, pids=[p.pid for p in targets])
             return 0 if targets else 1
         if a.when == "pushing" and seen_running and running == 0:
-            targets = engines(a.port)
+            targets = find()
             for p in targets:
                 os.kill(p.pid, signal.SIGSTOP)
             say("stopped after the batch drained", pids=[p.pid for p in targets])
             time.sleep(3)
             for p in targets:
                 os.kill(p.pid, signal.SIGKILL)
-            say("killed mid-push", pids=[p.pid for p in targets])
+            say("killed mid-push", kill=a.kill, pids=[p.pid for p in targets])
             return 0 if targets else 1
         time.sleep(0.01)
     say("timed out")

@@ -2,7 +2,9 @@
 # usage (GPU machine, after `source scripts/gpu/env.sh`):
 #   scripts/gpu/vf_rl_run.sh NAME WEIGHT_SYNC INFERENCE_GPUS TRAINER_GPUS SHARED(true|false) STEPS [EAGER(true|false)]
 # Writes /tmp/runs/NAME.toml (reverse-text, or ENV_ID with ENV_ARGS (lines of its [env.args] table); SmolLM2 in
-# MODEL (default /tmp/smol: SmolLM2), LoRA, batch 128 = 16 x 8, MAXTOK (default 32) sampled tokens at most), runs
+# MODEL (default /tmp/smol: SmolLM2), LoRA (USE_LORA=false: full weights; LORA_R: its rank, default 16), batch BATCH (default
+# 128) = BATCH/GROUP prompts x GROUP (default 8) rollouts, MICRO (default 16) per micro batch, MAXTOK (default 32)
+# sampled tokens at most, MAXLEN (default 512) tokens a sequence), runs
 # `vf-rl @ NAME.toml --wait` (real tmux) with a limit of LIMIT seconds (default 360), and prints the step lines.
 set -u
 NAME=$1; SYNC=$2; NI=$3; NT=$4; SHARED=$5; STEPS=$6; EAGER=${7:-true}
@@ -28,11 +30,13 @@ run_name = "$NAME"
 output_dir = "/tmp/runs/$NAME"
 weight_sync = "$SYNC"
 max_steps = $STEPS
-batch_size = 128
-rollouts_per_example = 8
-micro_batch_size = 16
+use_lora = ${USE_LORA:-true}
+${LORA_R:+lora_rank = $LORA_R}
+batch_size = ${BATCH:-128}
+rollouts_per_example = ${GROUP:-8}
+micro_batch_size = ${MICRO:-16}
 max_tokens = ${MAXTOK:-32}
-max_seq_len = 512
+max_seq_len = ${MAXLEN:-512}
 learning_rate = 5e-4
 save_steps = 1000
 vllm_server_port = $PORT

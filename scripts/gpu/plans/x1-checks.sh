@@ -18,6 +18,12 @@
 #     "the weight sync could not reach the inference server", then "[orchestrator] batch N: the weight update it was
 #     to be generated with failed": that batch is generated after the retry, not from the weights before it.
 #     PARALLEL=1: engine-gen and engine-push at once on the GPU, 40 s apart (to fit a short lease).
+#   SYNC=nccl (2 GPUs: vLLM on GPU 0, the trainer on GPU 1, not shared) makes the same kills with the weights
+#     broadcast (issue 78 item 3): the engine dies with a worker of the broadcast group.
+#   trainer-push: the trainer killed mid-push instead (with SYNC=nccl the vLLM workers wait in the broadcast),
+#     save_steps = 1. Expected: vf-rl exits non-zero with the resume command; the Inference log has the worker's
+#     one line ("weight update broken off at bucket ..." or the watchdog's, within stall_warning_timeout = 30 s);
+#     `vf-rl --resume` then runs the steps after the last checkpoint once each and exits 0.
 #   estimate: `vf-rl @ cfg --preflight --json` (its estimate of the wall clock of max_steps = 150), then the run
 #     itself timed from `vf-rl` to its exit (issue 75: within 30%).
 # Out of memory mid-run (issue 77; trainer/micro_step.py), in the shared layout with vLLM's share fixed at SHARE
@@ -52,7 +58,7 @@ few_shot = 2
 source = "offline"
 [inference]
 gpus = 1
-shared = true
+shared = $([ "${SYNC:-ipc}" = ipc ] && echo true || echo false)
 [inference.args]
 max_model_len = 1024
 [trainer]
@@ -60,7 +66,8 @@ gpus = 1
 [trainer.args]
 run_name = "$1"
 output_dir = "/tmp/e2e/fault-$1/vf-rl"
-weight_sync = "ipc"
+weight_sync = "${SYNC:-ipc}"
+$(printf '%b' "${CFG_EXTRA:-}")
 max_steps = $2
 batch_size = 128
 rollouts_per_example = 8
@@ -68,7 +75,7 @@ micro_batch_size = 16
 max_tokens = 128
 max_seq_len = 512
 learning_rate = 5e-4
-save_steps = 1000
+save_steps = ${SAVE_STEPS:-1000}
 vllm_server_port = $3
 TOML
 }
@@ -78,21 +85,30 @@ summary() {  # summary NAME CODE: the run's exit, restarts, the trainer's recove
     cat /tmp/e2e/fault-$1/kill.log 2>/dev/null
     echo "restarts: $(cat $d/logs/inference.restarts 2>/dev/null | tr '\n' ';')"
     grep -ah "\[vf-rl\] \|vf-train: error" $d/logs/trainer.log | cut -c1-300 | head -n 12
-    grep -ah "EngineDead\|engine core\|EngineCore\|died" $d/logs/inference.log | cut -c1-200 | head -n 5
+    grep -ah "EngineDead\|engine core\|EngineCore\|died\|broken off\|watchdog" $d/logs/inference.log | cut -c1-300 | head -n 5
     python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if 'reward' in l]; \
 print('steps', [x['step'] for x in r]); print('errors/rate', [x.get('errors/rate') for x in r]); \
 print('server/reconnects', r[-1].get('server/reconnects') if r else None)" $d/metrics.jsonl 2>/dev/null
   } | tee -a /tmp/e2e/checks.log
 }
-kill_run() {  # kill_run NAME WHEN PORT
-  local name=$1 dir=/tmp/e2e/fault-$1
+kill_run() {  # kill_run NAME WHEN PORT [KILL]: KILL engine (default) or trainer (then the run is resumed)
+  local name=$1 dir=/tmp/e2e/fault-$1 kill=${4:-engine}
   rm -rf $dir; mkdir -p $dir; cfg $name 10 $3
-  python3 scripts/gpu/kill_engine.py --run-dir $dir/vf-rl --port $3 --step 3 --when $2 > $dir/kill.log 2>&1 &
+  python3 scripts/gpu/kill_engine.py --run-dir $dir/vf-rl --port $3 --step 3 --when $2 --kill $kill > $dir/kill.log 2>&1 &
   timeout ${LIMIT:-420} python3 -m vf_rl.launcher.main @ /tmp/runs/$name.toml --wait -s $name > $dir/vf-rl.log 2>&1
   local code=$?
   wait
-  summary $name $code
   tmux kill-session -t $name 2>/dev/null
+  if [ $kill = trainer ]; then  # the trainer died: vf-rl --resume goes on from the last checkpoint
+    echo "== $name: vf-rl exit $code (the trainer killed); inference log:" >> /tmp/e2e/checks.log
+    grep -ah "broken off\|watchdog\|Error" $dir/vf-rl/logs/inference.log | cut -c1-300 | head -n 5 >> /tmp/e2e/checks.log
+    sleep 5
+    timeout ${LIMIT:-420} python3 -m vf_rl.launcher.main @ /tmp/runs/$name.toml --wait -s $name --resume \
+      > $dir/vf-rl-resume.log 2>&1
+    code=$?
+    tmux kill-session -t $name 2>/dev/null
+  fi
+  summary $name $code
 }
 if [ "${PARALLEL:-0}" = 1 ]; then  # both kill runs at once on the GPU (each vLLM takes its own share), 40 s apart
   kill_run engine-gen generating 8211 & sleep 40; kill_run engine-push pushing 8212; wait
@@ -100,6 +116,9 @@ else
   [[ $parts == *" engine-gen "* ]] && kill_run engine-gen generating 8211
   [[ $parts == *" engine-push "* ]] && kill_run engine-push pushing 8212
 fi
+# the trainer killed mid-push (SYNC=nccl on 2 GPUs: the vLLM worker waits in the broadcast), then resumed
+[[ $parts == *" trainer-push "* ]] && SAVE_STEPS=1 CFG_EXTRA="stall_warning_timeout = 30\nvllm_server_timeout = 240" \
+  kill_run trainer-push pushing 8214 trainer
 if [[ $parts == *" estimate "* ]]; then
   rm -rf /tmp/e2e/fault-estimate; mkdir -p /tmp/e2e/fault-estimate; cfg estimate 150 8213
   timeout 400 python3 -m vf_rl.launcher.main @ /tmp/runs/estimate.toml --preflight \
@@ -143,7 +162,7 @@ micro_batch_size = $5
 max_tokens = $2
 max_seq_len = $(($2 + 512))
 learning_rate = 1e-5
-save_steps = 1000
+save_steps = ${SAVE_STEPS:-1000}
 preflight = "off"
 $(printf '%b' "$6")
 TOML
