@@ -235,8 +235,8 @@ class WeightSyncExtension:
         """After a broadcast that broke off at bucket ``index`` (0-based) of ``count``: leave the
         group, print one line (the Inference pane and its log) and return the error to raise.
         ``loaded``: the buckets before it are already in the model, so until the trainer's next
-        update the weights are partly the new ones (the trainer pushes its own at its next start,
-        or right after a resume)."""
+        update the weights are partly the new ones (a trainer resumed with ``--resume`` pushes its
+        checkpoint's before its first batch)."""
         from vf_rl.watchdog import Stalled
 
         self._vf_group.close()
