@@ -85,8 +85,11 @@ def test_supervisor_does_not_restart_a_server_that_ctrl_c_ended_with_status_0(tm
     command = "bash -c 'trap \"exit 0\" INT; echo run; sleep 1; kill -INT 0; sleep 5'"  # the group, as a terminal's Ctrl-C
     line = supervised_shell(command, tmp_path / "log", tmp_path / "inference.exit", tmp_path / "restarts",
                             tmp_path / "trainer.exit")
+    # SIGINT at its default, as in a tmux pane: a shell that starts with it ignored cannot trap it, and an
+    # earlier test in this worker process may have left it ignored
     result = subprocess.run(["bash", "-c", line.replace("$((n*5))", "0")], capture_output=True, text=True,
-                            timeout=60, start_new_session=True)
+                            timeout=60, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert (tmp_path / "inference.exit").read_text().strip() == "0", result.stdout + result.stderr
     assert (tmp_path / "log").read_text().count("run") == 1
     assert not (tmp_path / "restarts").exists()
