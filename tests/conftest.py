@@ -110,6 +110,7 @@ def die_with_this_thread() -> None:
     timeout) leaves no server behind for its replacement to compete with."""
     os.setsid()
     LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C stops it, as in a pane, whatever this worker ignores
 
 
 @pytest.fixture(scope="session")
